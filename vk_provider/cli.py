@@ -1,0 +1,159 @@
+"""The `vk-provider` command line.
+
+Exit codes (PRODUCT.md §3): 0 success, 2 usage or configuration error, 1 runtime failure.
+Commands only parse arguments and print; the work lives in the modules they call.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from vk_provider.localcluster.binaries import PINNED, Binaries, ensure_binaries
+from vk_provider.localcluster.cluster import LocalCluster
+from vk_provider.localcluster.errors import ClusterError
+
+app = typer.Typer(
+    help="vk-provider: a virtual Kubernetes node backed by rented GPU clouds.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+cluster_app = typer.Typer(help="A real local Kubernetes control plane.", no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
+
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+NAME_OPTION = typer.Option("vk-dev", "--name", help="Cluster name; clusters run side by side.")
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def obtain_binaries() -> Binaries:
+    """Find the control-plane binaries, building them with a progress bar when needed."""
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("looking for control-plane binaries", total=None)
+
+        def report(phase: str, done: int, total: int) -> None:
+            bar.update(task, description=phase, completed=done, total=total or None)
+
+        binaries = ensure_binaries(PINNED, progress=report)
+        bar.update(task, description=f"binaries: {binaries.source}", completed=1, total=1)
+    return binaries
+
+
+@cluster_app.command("binaries")
+def cluster_binaries() -> None:
+    """Find or build the control-plane binaries (pinned version) and print where they are."""
+    try:
+        binaries = obtain_binaries()
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
+    out.print(binaries.kube_apiserver.parent)
+
+
+@cluster_app.command("up")
+def cluster_up(
+    name: str = NAME_OPTION,
+    apiserver_port: int = typer.Option(
+        0, "--apiserver-port", help="Fixed API server port (default: a free port, kept)."
+    ),
+) -> None:
+    """Start the control plane (idempotent) and print the KUBECONFIG to use."""
+    try:
+        cluster = LocalCluster(name)
+        binaries = obtain_binaries()
+        kubeconfig = cluster.up(
+            binaries, apiserver_port=apiserver_port or None, say=lambda m: console.print(f"  {m}")
+        )
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"cluster [bold]{name}[/] is up. Use it with:")
+    out.print(f"export KUBECONFIG={kubeconfig}", highlight=False)
+
+
+@cluster_app.command("down")
+def cluster_down(
+    name: str = NAME_OPTION,
+    keep_state: bool = typer.Option(
+        False, "--keep-state", help="Keep certificates and etcd data for the next `up`."
+    ),
+) -> None:
+    """Stop every process of the cluster and remove its state."""
+    try:
+        LocalCluster(name).down(keep_state=keep_state, say=lambda m: console.print(f"  {m}"))
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"cluster [bold]{name}[/] is down.")
+
+
+@cluster_app.command("status")
+def cluster_status(name: str = NAME_OPTION) -> None:
+    """Show whether each component runs and the API server is ready (exit 1 if not healthy)."""
+    try:
+        status = LocalCluster(name).status()
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
+    if not status.exists:
+        raise _fail(f"cluster {name!r} does not exist; start it with `vk-provider cluster up`")
+    table = Table(title=f"cluster {name}")
+    table.add_column("component")
+    table.add_column("pid", justify="right")
+    table.add_column("state")
+    for component in status.components:
+        state = "[green]running[/]" if component.running else "[red]stopped[/]"
+        table.add_row(component.name, str(component.pid or "-"), state)
+    out.print(table)
+    ready = "[green]ready[/]" if status.apiserver_ready else "[red]not ready[/]"
+    out.print(f"API server {status.server}: {ready}")
+    out.print(f"KUBECONFIG={status.kubeconfig}", highlight=False)
+    if not status.healthy:
+        raise typer.Exit(1)
+
+
+@app.command("demo")
+def demo(
+    name: str = typer.Option("vk-demo", "--name", help="Name of the demo's local cluster."),
+) -> None:
+    """Start a local control plane and keep it running until Ctrl-C, then tear it down."""
+    from vk_provider.demo import run_demo
+
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        run_demo(name=name, binaries=obtain_binaries(), stop=stop, console=console, out=out)
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
