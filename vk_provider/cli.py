@@ -6,9 +6,12 @@ Commands only parse arguments and print; the work lives in the modules they call
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 
 import typer
@@ -16,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from vk_provider.config import ConfigError, load_config
 from vk_provider.localcluster.binaries import PINNED, Binaries, ensure_binaries
 from vk_provider.localcluster.cluster import LocalCluster
 from vk_provider.localcluster.errors import ClusterError
@@ -128,6 +132,54 @@ def cluster_status(name: str = NAME_OPTION) -> None:
         raise typer.Exit(1)
 
 
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # aiohttp's access log would show request lines; ours carry no secrets but stay quiet.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+@app.command("run")
+def run(
+    config: Path = typer.Option(..., "--config", help="Agent configuration (YAML)."),
+    kubeconfig: Path | None = typer.Option(
+        None, "--kubeconfig", help="Kubeconfig file; in-cluster configuration when absent."
+    ),
+    state_dir: Path | None = typer.Option(
+        None, "--state-dir", help="Where local state (TLS material, local instances) lives."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+) -> None:
+    """Run the agent: register the virtual node and run its pods through the providers."""
+    from vk_provider.runtime import AgentFailed, run_agent
+
+    try:
+        settings = load_config(config)
+    except ConfigError as exc:
+        raise _fail(f"invalid configuration:\n{exc}", code=2) from exc
+    _setup_logging(log_level)
+    try:
+        asyncio.run(run_agent(settings, kubeconfig=kubeconfig, state_dir=state_dir))
+    except AgentFailed as exc:
+        raise _fail(str(exc)) from exc
+    except Exception as exc:
+        raise _fail(f"the agent stopped: {type(exc).__name__}: {exc}") from exc
+
+
+@app.command("check-config")
+def check_config(path: Path = typer.Argument(..., help="Configuration file to validate.")) -> None:
+    """Validate a configuration file; every error names the field and why (exit 2 if invalid)."""
+    try:
+        settings = load_config(path)
+    except ConfigError as exc:
+        raise _fail(f"{path} is invalid:\n{exc}", code=2) from exc
+    names = ", ".join(f"{p.name} ({p.type})" for p in settings.providers)
+    out.print(f"{path}: valid. Node {settings.node.name}; providers: {names}", highlight=False)
+
+
 @app.command("demo")
 def demo(
     name: str = typer.Option("vk-demo", "--name", help="Name of the demo's local cluster."),
@@ -144,7 +196,7 @@ def demo(
     signal.signal(signal.SIGTERM, on_signal)
     try:
         run_demo(name=name, binaries=obtain_binaries(), stop=stop, console=console, out=out)
-    except ClusterError as exc:
+    except (ClusterError, RuntimeError) as exc:
         raise _fail(str(exc)) from exc
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -84,36 +83,3 @@ def test_up_is_idempotent_ready_and_down_leaves_nothing(
     assert "does not exist" in after.stderr
     # The session's cluster was untouched by all of this.
     assert control_plane.status().healthy
-
-
-def test_demo_runs_a_cluster_until_interrupted_and_cleans_up(tmp_path: Path) -> None:
-    env = {**os.environ, "VK_PROVIDER_STATE_DIR": str(tmp_path / "state")}
-    name = f"vkt-demo-{os.getpid()}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vk_provider", "demo", "--name", name],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    cluster = LocalCluster(name, root=tmp_path / "state")
-    try:
-        assert proc.stdout is not None
-        seen = []
-        for line in proc.stdout:
-            seen.append(line)
-            if "Press Ctrl-C" in line:
-                break
-        text = "".join(seen)
-        assert "kubectl get --raw /readyz" in text, text
-        assert cluster.status().healthy
-        pids = cluster.pids()
-        assert len(pids) == 4
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        cluster.down()
-    assert [pid for pid in pids if _alive(pid)] == []
-    assert not cluster.directory.exists()

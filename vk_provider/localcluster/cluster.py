@@ -27,9 +27,10 @@ import shutil
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -122,7 +123,7 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     sockets = []
     try:
         for _ in range(count):
@@ -255,7 +256,7 @@ class LocalCluster:
                     self._save_state(state)
                 self._wait_healthy(component, record, health[component], timeout=timeout)
                 say(f"{component} healthy")
-            self._bootstrap(ports)
+            self._bootstrap()
             return self.kubeconfig
 
     def down(self, *, keep_state: bool = False, say: Say = _quiet) -> None:
@@ -309,7 +310,7 @@ class LocalCluster:
     # ------------------------------------------------------------------ internals
 
     def _choose_ports(self, apiserver_port: int | None) -> ClusterPorts:
-        free = _free_ports(5)
+        free = free_ports(5)
         if apiserver_port:
             free[0] = apiserver_port
         return ClusterPorts(*free)
@@ -522,7 +523,7 @@ class LocalCluster:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def _bootstrap(self, ports: ClusterPorts) -> None:
+    def _bootstrap(self) -> None:
         """Objects every cluster of ours needs: the kubelet-client binding (as kubeadm does)."""
         binding = {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -541,14 +542,17 @@ class LocalCluster:
                 }
             ],
         }
-        url = (
-            f"https://127.0.0.1:{ports.apiserver}"
-            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
-        )
+        self.create_object("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+
+    def create_object(self, collection: str, body: Mapping[str, Any]) -> None:
+        """POST ``body`` to the API collection path as the admin; an existing object is fine."""
+        ports = self._ports(self._load_state())
+        if ports is None:
+            raise ClusterError(f"cluster {self.name!r} has not been started")
         with self._client() as client:
-            response = client.post(url, json=binding)
-        if response.status_code not in (201, 409):
+            response = client.post(f"https://127.0.0.1:{ports.apiserver}{collection}", json=body)
+        if response.status_code not in (200, 201, 409):
             raise ClusterError(
-                "creating the kubelet-client ClusterRoleBinding failed: "
+                f"creating {body.get('kind')} at {collection} failed: "
                 f"HTTP {response.status_code} {response.text[:300]}"
             )

@@ -1,0 +1,224 @@
+"""Run the real agent (`vk-provider run`) as a child process against the session's cluster.
+
+Each test gets its own virtual node name and local-provider state directories, so tests do
+not share state. ``AgentHarness.stop_all`` stops every agent, terminates every simulated
+instance and deletes the test's Node objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from providers.local import LocalProvider
+from vk_provider.config import LocalProviderConfig
+from vk_provider.localcluster.cluster import LocalCluster
+
+TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Exists"}
+
+DEFAULT_OFFERS: list[dict[str, Any]] = [
+    {
+        "sku": "a100",
+        "gpu_model": "A100-80GB",
+        "gpu_count": 1,
+        "gpu_memory_gib": 80,
+        "vcpus": 8,
+        "memory_gib": 64,
+        "price_per_hour": 1.5,
+        "capacity": 6,
+    },
+    {
+        "sku": "cpu",
+        "gpu_count": 0,
+        "vcpus": 4,
+        "memory_gib": 8,
+        "price_per_hour": 0.1,
+        "capacity": 10,
+    },
+]
+
+
+@dataclass
+class AgentProcess:
+    node: str
+    config_path: Path
+    state_dir: Path
+    log_path: Path
+    kubeconfig: Path
+    process: subprocess.Popen[bytes] | None = None
+    provider_dirs: dict[str, Path] = field(default_factory=dict)
+    provider_entries: list[dict[str, Any]] = field(default_factory=list)
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vk_provider",
+                "run",
+                "--config",
+                str(self.config_path),
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--state-dir",
+                str(self.state_dir),
+                "--log-level",
+                "debug",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else None
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def local_dir(self, provider: str = "local-a") -> Path:
+        return self.provider_dirs[provider]
+
+
+class AgentHarness:
+    def __init__(self, cluster: LocalCluster, tmp_path: Path) -> None:
+        self._cluster = cluster
+        self._tmp = tmp_path
+        self.agents: list[AgentProcess] = []
+
+    def start(
+        self,
+        *,
+        providers: list[dict[str, Any]] | None = None,
+        intervals: dict[str, Any] | None = None,
+        node: dict[str, Any] | None = None,
+        kubeconfig: Path | None = None,
+        start: bool = True,
+    ) -> AgentProcess:
+        node_name = f"vk-{uuid.uuid4().hex[:8]}"
+        root = self._tmp / node_name
+        root.mkdir(parents=True)
+        entries = providers or [{"name": "local-a", "offers": DEFAULT_OFFERS}]
+        provider_dirs = {p["name"]: root / "instances" / p["name"] for p in entries}
+        config = {
+            "node": {"name": node_name, "address": "127.0.0.1", **(node or {})},
+            "kubelet_api": {
+                "listen": "127.0.0.1:0",
+                "client_ca_file": str(self._cluster.pki.ca.cert),
+            },
+            "intervals": {
+                "lease_seconds": 2,
+                "node_status_seconds": 5,
+                "pod_status_seconds": 0.5,
+                "restart_backoff_seconds": 1,
+                "retry_backoff_seconds": 1,
+                **(intervals or {}),
+            },
+            "providers": [
+                {"type": "local", "enabled": True, "state_dir": str(provider_dirs[p["name"]]), **p}
+                for p in entries
+            ],
+        }
+        provider_entries = list(config["providers"])
+        config_path = root / "agent.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        agent = AgentProcess(
+            node=node_name,
+            config_path=config_path,
+            state_dir=root / "state",
+            log_path=root / "agent.log",
+            kubeconfig=kubeconfig or self._cluster.kubeconfig,
+            provider_dirs=provider_dirs,
+            provider_entries=provider_entries,
+        )
+        self.agents.append(agent)
+        if start:
+            agent.start()
+        return agent
+
+    def stop_all(self) -> None:
+        for agent in self.agents:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.stop()
+            asyncio.run(terminate_instances(agent))
+            subprocess.run(
+                [
+                    _kubectl(),
+                    "--kubeconfig",
+                    str(self._cluster.kubeconfig),
+                    "delete",
+                    "node",
+                    agent.node,
+                    "--ignore-not-found",
+                    "--wait=false",
+                ],
+                capture_output=True,
+                check=False,
+                timeout=30,
+            )
+
+
+def _kubectl() -> str:
+    return str(Path(sys.executable).parent / "kubectl")
+
+
+def local_providers(agent: AgentProcess) -> list[LocalProvider]:
+    """The agent's local providers, built from the configuration it was started with."""
+    providers = []
+    for raw in agent.provider_entries:
+        entry = LocalProviderConfig.model_validate(raw)
+        providers.append(LocalProvider(entry, state_dir=Path(str(entry.state_dir))))
+    return providers
+
+
+async def terminate_instances(agent: AgentProcess) -> None:
+    for provider in local_providers(agent):
+        for instance in await provider.list_ours():
+            await provider.delete(instance.instance_id, grace_seconds=0)
+
+
+def pod_on(
+    node: str, name: str, *, command: list[str], gpus: int = 1, **extra: Any
+) -> dict[str, Any]:
+    """A pod manifest pinned to the test's virtual node."""
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": "example.com/test:1",
+        "command": command,
+        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {},
+    }
+    container.update(extra.pop("container", {}))
+    spec: dict[str, Any] = {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "tolerations": [TOLERATION],
+        "terminationGracePeriodSeconds": extra.pop("grace", 5),
+        "restartPolicy": extra.pop("restart_policy", "Always"),
+        "containers": [container],
+    }
+    spec.update(extra.pop("spec", {}))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **extra.pop("metadata", {})},
+        "spec": spec,
+    }

@@ -1,0 +1,97 @@
+"""deploy/rbac.yaml is enough: the agent runs pods end to end as that ServiceAccount."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.api_client import ApiClient
+
+from tests.helpers import wait_for
+from tests.integration.agent_harness import AgentHarness, pod_on
+from vk_provider.kube import KubeClient
+from vk_provider.localcluster.cluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+KUBECTL = str(Path(sys.executable).parent / "kubectl")
+
+
+def _kubectl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [KUBECTL, "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def deployed_rbac(control_plane: LocalCluster) -> Iterator[None]:
+    files = ["-f", str(DEPLOY / "namespace.yaml"), "-f", str(DEPLOY / "rbac.yaml")]
+    applied = _kubectl(control_plane.kubeconfig, "apply", *files)
+    assert applied.returncode == 0, applied.stderr
+    try:
+        yield
+    finally:
+        _kubectl(control_plane.kubeconfig, "delete", "--wait=false", "--ignore-not-found", *files)
+
+
+async def test_agent_runs_with_only_the_deployed_rbac(
+    deployed_rbac: None,
+    control_plane: LocalCluster,
+    kube: ApiClient,
+    api: KubeClient,
+    agents: AgentHarness,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    dry_run = _kubectl(
+        control_plane.kubeconfig, "apply", "--dry-run=server", "-f", str(DEPLOY / "agent.yaml")
+    )
+    assert dry_run.returncode == 0, dry_run.stderr
+    core = client.CoreV1Api(kube)
+    request = {"spec": {"audiences": [], "expirationSeconds": 3600}}
+    token = (
+        await core.create_namespaced_service_account_token("vk-provider", "vk-provider", request)
+    ).status.token
+    admin: dict[str, Any] = yaml.safe_load(control_plane.kubeconfig.read_text())
+    admin["users"] = [{"name": "vk-provider", "user": {"token": token}}]
+    admin["contexts"][0]["context"]["user"] = "vk-provider"
+    kubeconfig = tmp_path / "sa.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(admin))
+
+    agent = agents.start(kubeconfig=kubeconfig)
+
+    async def ready() -> bool:
+        node = await api.get_node(agent.node)
+        conditions = (node or {}).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    await wait_for(ready, timeout=60, what="node Ready with SA credentials")
+    command = [sys.executable, "-c", "print('as a service account', flush=True)"]
+    await core.create_namespaced_pod(
+        namespace, pod_on(agent.node, "sa-pod", command=command, restart_policy="Never")
+    )
+
+    async def succeeded() -> bool:
+        pod = await api.get_pod(namespace, "sa-pod")
+        return bool(pod) and (pod or {}).get("status", {}).get("phase") == "Succeeded"
+
+    await wait_for(succeeded, timeout=60, what="the pod to succeed")
+    logs = _kubectl(control_plane.kubeconfig, "logs", "-n", namespace, "sa-pod")
+    assert logs.stdout.strip() == "as a service account", logs.stderr
+    await core.delete_namespaced_pod("sa-pod", namespace)
+
+    async def gone() -> bool:
+        return await api.get_pod(namespace, "sa-pod") is None
+
+    await wait_for(gone, timeout=20, what="the pod to be deleted")
+    assert "Forbidden" not in agent.log_text(), agent.log_text()[-3000:]

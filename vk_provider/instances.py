@@ -1,0 +1,81 @@
+"""What the providers say runs: one ``list_ours`` call per provider per poll, not one per pod.
+
+The tracker keeps the latest list of each provider's instances and, after each poll, calls
+``on_change`` with the pod UID of every instance whose state changed (or that appeared or
+vanished), so the pod controller re-syncs exactly those pods.
+
+Invariants: a provider whose list call fails keeps its previous snapshot (a failed poll is
+not evidence that instances vanished) and is marked stale until a poll succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+
+from providers.contract import Provider
+from providers.errors import ProviderError
+from providers.models import Instance
+
+log = logging.getLogger(__name__)
+
+
+class InstanceTracker:
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        *,
+        on_change: Callable[[str], None],
+        timeout_seconds: float = 20.0,
+    ) -> None:
+        self._providers = dict(providers)
+        self._on_change = on_change
+        self._timeout = timeout_seconds
+        self._snapshots: dict[str, dict[str, Instance]] = {name: {} for name in providers}
+        self._fresh: dict[str, bool] = {name: False for name in providers}
+
+    def get(self, provider: str, instance_id: str) -> Instance | None:
+        return self._snapshots.get(provider, {}).get(instance_id)
+
+    def fresh(self, provider: str) -> bool:
+        return self._fresh.get(provider, False)
+
+    def all(self) -> list[Instance]:
+        return [i for snapshot in self._snapshots.values() for i in snapshot.values()]
+
+    def remember(self, instance: Instance) -> None:
+        """Record what a create/get just returned, so the next poll compares against it."""
+        self._snapshots.setdefault(instance.provider, {})[instance.instance_id] = instance
+
+    async def _poll_one(self, name: str) -> None:
+        try:
+            listed = await asyncio.wait_for(self._providers[name].list_ours(), self._timeout)
+        except (ProviderError, TimeoutError) as exc:
+            self._fresh[name] = False
+            log.warning("provider %s: listing instances failed: %s", name, exc)
+            return
+        before = self._snapshots.get(name, {})
+        after = {i.instance_id: i for i in listed}
+        self._snapshots[name] = after
+        self._fresh[name] = True
+        changed = {
+            i.pod_uid
+            for key, i in after.items()
+            if key not in before
+            or (before[key].state, before[key].exit_code) != (i.state, i.exit_code)
+        }
+        changed |= {i.pod_uid for key, i in before.items() if key not in after}
+        for uid in changed:
+            self._on_change(uid)
+
+    async def poll(self) -> None:
+        await asyncio.gather(*(self._poll_one(name) for name in self._providers))
+
+    async def run(self, interval: float) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception:  # a broken adapter must not stop status polling for the rest
+                log.exception("instance poll failed")
+            await asyncio.sleep(interval)

@@ -1,0 +1,361 @@
+"""The one place that talks to the Kubernetes API (kubernetes_asyncio is imported nowhere else).
+
+Objects cross this boundary as plain JSON dicts, exactly as the API serves them (camelCase),
+so the decision code above it stays pure and testable without a client.
+
+Invariants:
+- Every call has a client-side timeout; a watch also has a server-side timeout, so a stuck
+  connection cannot hang a controller.
+- API errors are translated once, here: 404 → ``None`` / ``NotFoundError``, 409 →
+  ``ConflictError``, 410 → ``GoneError``; anything else stays an ``ApiError``.
+- Pod status is written through the ``/status`` subresource with a JSON merge patch (lists are
+  replaced whole, so a container state never keeps a stale ``waiting`` next to ``running``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.api_client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+JSON = dict[str, Any]
+_MERGE = "application/merge-patch+json"
+_TIMEOUT = 30.0
+LEASE_NAMESPACE = "kube-node-lease"
+
+
+class ApiError(RuntimeError):
+    """The API server refused or failed a call."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class NotFoundError(ApiError):
+    pass
+
+
+class ConflictError(ApiError):
+    pass
+
+
+class GoneError(ApiError):
+    """The resource version is too old (watch expired): re-list."""
+
+
+def _translate(exc: ApiException) -> ApiError:
+    return _error(int(exc.status or 0), exc.reason or "", exc.body)
+
+
+def _error(status: int, reason: str, body: str | bytes | None) -> ApiError:
+    message = reason
+    if body:
+        try:
+            message = json.loads(body).get("message", message)
+        except (ValueError, AttributeError):
+            message = str(body)[:500]
+    kind: type[ApiError] = {404: NotFoundError, 409: ConflictError, 410: GoneError}.get(
+        status, ApiError
+    )
+    return kind(status, message)
+
+
+async def _json(call: Awaitable[Any]) -> JSON:
+    """Await an API call made with ``_preload_content=False`` and return its JSON body."""
+    try:
+        response = await call
+    except ApiException as exc:
+        raise _translate(exc) from exc
+    try:
+        if response.status >= 400:
+            # Unparsed responses do not raise: the status must be checked here.
+            raise _error(response.status, str(response.reason or ""), await response.read())
+        body: JSON = await response.json(content_type=None)
+    finally:
+        response.release()
+    return body
+
+
+class KubeClient:
+    """Typed, dict-in dict-out access to the few API calls the agent makes."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self._api = api
+        # Typed as Any on purpose: we send and receive raw JSON (dict bodies, forced content
+        # types, unparsed responses), which the generated signatures do not describe.
+        self.core: Any = client.CoreV1Api(api)
+        self.coordination: Any = client.CoordinationV1Api(api)
+        self.authentication: Any = client.AuthenticationV1Api(api)
+        self.authorization: Any = client.AuthorizationV1Api(api)
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path | None = None) -> KubeClient:
+        """Client from a kubeconfig file, or in-cluster configuration when none is given."""
+        if kubeconfig is not None:
+            api = await config.new_client_from_config(config_file=str(kubeconfig))
+            return cls(api)
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except ConfigException as exc:
+            raise ApiError(0, f"no kubeconfig given and not running in a cluster: {exc}") from exc
+        return cls(ApiClient())
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    @property
+    def server(self) -> str:
+        return str(self._api.configuration.host)
+
+    # ------------------------------------------------------------------ pods
+
+    async def get_pod(self, namespace: str, name: str) -> JSON | None:
+        try:
+            return await _json(
+                self.core.read_namespaced_pod(
+                    name, namespace, _preload_content=False, _request_timeout=_TIMEOUT
+                )
+            )
+        except NotFoundError:
+            return None
+
+    async def list_node_pods(self, node_name: str) -> tuple[list[JSON], str]:
+        """All pods bound to ``node_name`` and the list's resourceVersion."""
+        body = await _json(
+            self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node_name}",
+                _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            )
+        )
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    async def watch_node_pods(
+        self, node_name: str, resource_version: str, *, timeout_seconds: int = 60
+    ) -> AsyncIterator[tuple[str, JSON]]:
+        """Watch events (type, pod) from ``resource_version`` until the server ends the watch.
+
+        Raises ``GoneError`` when the version is too old; the caller re-lists.
+        """
+        try:
+            response = await self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node_name}",
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                watch=True,
+                timeout_seconds=timeout_seconds,
+                _preload_content=False,
+                # Client-side bound a little above the server's, so a dead connection ends too.
+                _request_timeout=timeout_seconds + 15,
+            )
+        except ApiException as exc:
+            raise _translate(exc) from exc
+        if response.status >= 400:
+            body = await response.read()
+            response.release()
+            raise _error(response.status, str(response.reason or ""), body)
+        try:
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = str(event.get("type", ""))
+                obj = event.get("object") or {}
+                if kind == "ERROR":
+                    raise ApiError(int(obj.get("code", 0)), str(obj.get("message", "")))
+                yield kind, obj
+        except ApiError as exc:
+            raise (GoneError(exc.status, str(exc)) if exc.status == 410 else exc) from None
+        finally:
+            response.release()
+
+    async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> JSON:
+        return await _json(
+            self.core.patch_namespaced_pod_status(
+                name,
+                namespace,
+                {"status": status},
+                _content_type=_MERGE,
+                _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            )
+        )
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], *, uid: str
+    ) -> JSON:
+        """Set (or, with None, remove) annotations, only on the pod with this UID."""
+        body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
+        return await _json(
+            self.core.patch_namespaced_pod(
+                name,
+                namespace,
+                body,
+                _content_type=_MERGE,
+                _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            )
+        )
+
+    async def delete_pod_now(self, namespace: str, name: str, *, uid: str) -> None:
+        """Delete with grace 0, only if the pod is still the one with ``uid``.
+
+        A missing pod or a different pod by the same name (409 precondition) means done.
+        """
+        options = client.V1DeleteOptions(
+            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)
+        )
+        try:
+            await _json(
+                self.core.delete_namespaced_pod(
+                    name,
+                    namespace,
+                    body=options,
+                    _preload_content=False,
+                    _request_timeout=_TIMEOUT,
+                )
+            )
+        except (NotFoundError, ConflictError):
+            return
+
+    # ------------------------------------------------------------------ objects a pod references
+
+    async def get_secret(self, namespace: str, name: str) -> JSON | None:
+        try:
+            return await _json(
+                self.core.read_namespaced_secret(
+                    name, namespace, _preload_content=False, _request_timeout=_TIMEOUT
+                )
+            )
+        except NotFoundError:
+            return None
+
+    async def get_config_map(self, namespace: str, name: str) -> JSON | None:
+        try:
+            return await _json(
+                self.core.read_namespaced_config_map(
+                    name, namespace, _preload_content=False, _request_timeout=_TIMEOUT
+                )
+            )
+        except NotFoundError:
+            return None
+
+    # ------------------------------------------------------------------ events
+
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> JSON:
+        return await _json(
+            self.core.create_namespaced_event(
+                namespace, dict(event), _preload_content=False, _request_timeout=_TIMEOUT
+            )
+        )
+
+    async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON:
+        return await _json(
+            self.core.patch_namespaced_event(
+                name,
+                namespace,
+                dict(patch),
+                _content_type=_MERGE,
+                _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            )
+        )
+
+    # ------------------------------------------------------------------ node and lease
+
+    async def get_node(self, name: str) -> JSON | None:
+        try:
+            return await _json(
+                self.core.read_node(name, _preload_content=False, _request_timeout=_TIMEOUT)
+            )
+        except NotFoundError:
+            return None
+
+    async def create_node(self, node: Mapping[str, Any]) -> JSON:
+        return await _json(
+            self.core.create_node(dict(node), _preload_content=False, _request_timeout=_TIMEOUT)
+        )
+
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON:
+        return await _json(
+            self.core.patch_node(
+                name,
+                dict(patch),
+                _content_type=_MERGE,
+                _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            )
+        )
+
+    async def patch_node_status(self, name: str, status: Mapping[str, Any]) -> JSON:
+        return await _json(
+            self.core.patch_node_status(
+                name,
+                {"status": dict(status)},
+                _content_type=_MERGE,
+                _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            )
+        )
+
+    async def get_lease(self, name: str) -> JSON | None:
+        try:
+            return await _json(
+                self.coordination.read_namespaced_lease(
+                    name, LEASE_NAMESPACE, _preload_content=False, _request_timeout=_TIMEOUT
+                )
+            )
+        except NotFoundError:
+            return None
+
+    async def create_lease(self, lease: Mapping[str, Any]) -> JSON:
+        return await _json(
+            self.coordination.create_namespaced_lease(
+                LEASE_NAMESPACE, dict(lease), _preload_content=False, _request_timeout=_TIMEOUT
+            )
+        )
+
+    async def replace_lease(self, name: str, lease: Mapping[str, Any]) -> JSON:
+        """PUT with the lease's resourceVersion: a concurrent writer yields ``ConflictError``."""
+        return await _json(
+            self.coordination.replace_namespaced_lease(
+                name,
+                LEASE_NAMESPACE,
+                dict(lease),
+                _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            )
+        )
+
+    # ------------------------------------------------------------------ authn / authz
+
+    async def token_review(self, token: str) -> JSON:
+        review = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token},
+        }
+        return await _json(
+            self.authentication.create_token_review(
+                review, _preload_content=False, _request_timeout=_TIMEOUT
+            )
+        )
+
+    async def subject_access_review(self, spec: Mapping[str, Any]) -> JSON:
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": dict(spec),
+        }
+        return await _json(
+            self.authorization.create_subject_access_review(
+                review, _preload_content=False, _request_timeout=_TIMEOUT
+            )
+        )

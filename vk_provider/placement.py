@@ -1,0 +1,178 @@
+"""Choosing where a pod runs: a pure function from a request and offers to ranked candidates.
+
+``place()`` applies hard filters in a fixed order and ranks what is left by price per hour,
+cheapest first, ties broken by provider priority and then the offer key, so the same input
+always gives the same answer. When nothing fits, the result says which filter removed how
+many offers, so the pod's Event can say why.
+
+Invariants: no I/O, no clock. Blocked offers (recent failures) are passed in as data.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from providers.models import Offer, WorkloadSpec
+
+ANNOTATION_PREFIX = "vk-provider.io/"
+MAX_PRICE = ANNOTATION_PREFIX + "max-price"
+REGIONS = ANNOTATION_PREFIX + "regions"
+PROVIDERS = ANNOTATION_PREFIX + "providers"
+CAPACITY_TYPE = ANNOTATION_PREFIX + "capacity-type"
+
+
+class CapacityType(enum.Enum):
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+    ANY = "any"
+
+
+class InvalidRequest(ValueError):
+    """A placement annotation is malformed; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    gpu_count: int = 0
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_gib: float = 0.0
+    cpu: float = 0.0
+    memory_gib: float = 0.0
+    regions: tuple[str, ...] = ()
+    max_price_per_hour: float | None = None
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
+    providers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_workload(cls, spec: WorkloadSpec, annotations: Mapping[str, str]) -> PlacementRequest:
+        """Read the placement annotations of PRODUCT.md §6; raises ``InvalidRequest``."""
+        max_price: float | None = None
+        if MAX_PRICE in annotations:
+            field_name = f"metadata.annotations['{MAX_PRICE}']"
+            try:
+                max_price = float(annotations[MAX_PRICE])
+            except ValueError:
+                raise InvalidRequest(field_name, "must be a number of $/hour") from None
+            if not max_price >= 0:
+                raise InvalidRequest(field_name, "must be zero or more")
+        capacity = annotations.get(CAPACITY_TYPE, CapacityType.ON_DEMAND.value)
+        try:
+            capacity_type = CapacityType(capacity.strip())
+        except ValueError:
+            raise InvalidRequest(
+                f"metadata.annotations['{CAPACITY_TYPE}']",
+                "must be one of on-demand, spot, any",
+            ) from None
+        return cls(
+            gpu_count=spec.gpu_count,
+            gpu_models=spec.gpu_models,
+            min_gpu_memory_gib=spec.min_gpu_memory_gib,
+            cpu=spec.cpu,
+            memory_gib=spec.memory_bytes / 2**30,
+            regions=_split(annotations.get(REGIONS, "")),
+            max_price_per_hour=max_price,
+            capacity_type=capacity_type,
+            providers=_split(annotations.get(PROVIDERS, "")),
+        )
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def gpu_matches(wanted: str, offered: str | None) -> bool:
+    """``H100`` matches any H100 variant (``H100-SXM``); ``H100-SXM`` matches only itself."""
+    if offered is None:
+        return False
+    wanted_u, offered_u = wanted.upper(), offered.upper()
+    return offered_u == wanted_u or offered_u.startswith(wanted_u + "-")
+
+
+# Filters in the order they are applied; each removes offers for one reason.
+FILTERS: tuple[str, ...] = (
+    "provider",
+    "gpu-count",
+    "gpu-model",
+    "gpu-memory",
+    "cpu",
+    "memory",
+    "region",
+    "capacity-type",
+    "price",
+    "sold-out",
+    "blocked",
+)
+
+
+def _passes(name: str, request: PlacementRequest, offer: Offer, blocked: frozenset[str]) -> bool:
+    if name == "provider":
+        return not request.providers or offer.provider in request.providers
+    if name == "gpu-count":
+        if request.gpu_count == 0:
+            return offer.gpu_count == 0
+        return offer.gpu_count >= request.gpu_count
+    if name == "gpu-model":
+        return not request.gpu_models or any(
+            gpu_matches(m, offer.gpu_model) for m in request.gpu_models
+        )
+    if name == "gpu-memory":
+        return offer.gpu_memory_gib >= request.min_gpu_memory_gib
+    if name == "cpu":
+        return offer.vcpus >= request.cpu
+    if name == "memory":
+        return offer.memory_gib >= request.memory_gib
+    if name == "region":
+        return not request.regions or offer.region in request.regions
+    if name == "capacity-type":
+        if request.capacity_type is CapacityType.ANY:
+            return True
+        return offer.spot == (request.capacity_type is CapacityType.SPOT)
+    if name == "price":
+        limit = request.max_price_per_hour
+        return limit is None or offer.price_per_hour <= limit
+    if name == "sold-out":
+        return offer.available > 0
+    if name == "blocked":
+        return offer.key not in blocked and offer.provider not in blocked
+    raise AssertionError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Ranked candidates (cheapest first), or why there are none."""
+
+    candidates: tuple[Offer, ...]
+    removed: tuple[tuple[str, int], ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.candidates)
+
+    def explain(self) -> str:
+        parts = [f"{count} by {name}" for name, count in self.removed if count]
+        return ", ".join(parts) if parts else "no offers known"
+
+
+def place(
+    request: PlacementRequest,
+    offers: Iterable[Offer],
+    *,
+    blocked: frozenset[str] = frozenset(),
+    priorities: Mapping[str, int] | None = None,
+) -> Placement:
+    """Filter ``offers`` by ``request`` and rank them; see the module docstring."""
+    remaining: Sequence[Offer] = list(offers)
+    removed: list[tuple[str, int]] = []
+    for name in FILTERS:
+        kept = [o for o in remaining if _passes(name, request, o, blocked)]
+        removed.append((name, len(remaining) - len(kept)))
+        remaining = kept
+    prio = priorities or {}
+    ranked = sorted(remaining, key=lambda o: (o.price_per_hour, -prio.get(o.provider, 0), o.key))
+    return Placement(candidates=tuple(ranked), removed=tuple(removed))

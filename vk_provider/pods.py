@@ -1,0 +1,738 @@
+"""The pod controller: pods bound to the virtual node, run through providers, status written back.
+
+Shape (as virtual-kubelet's ``node/`` and kopf's per-object queues):
+
+- ``watch_loop`` lists and watches pods with ``spec.nodeName=<node>`` and queues their keys;
+  on 410 Gone or a broken connection it re-lists. It never acts on an event's payload.
+- workers take keys from a ``WorkQueue`` (one worker per pod at a time, bounded concurrency)
+  and run ``sync``, which re-reads the pod, looks at the provider's view of its instance and
+  does the one next thing: place and create, write status, relaunch with back-off, fail the
+  pod when the provider lost the instance, or finish a deletion.
+
+Invariants:
+- Everything needed to resume after a restart is in the pod (annotations, status) and at the
+  provider (instances carry the pod UID); the in-memory maps here are caches.
+- A pod with a ``deletionTimestamp`` is deleted from the API (grace 0, UID precondition) as
+  soon as its instance is gone; the instance gets the pod's remaining grace period.
+- Provider-side failure makes the pod ``Failed`` (reason ``InstanceLost``) and blocks the
+  offer for a cool-down so the replacement does not land in the same hole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from providers.contract import Provider
+from providers.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    ProviderError,
+    RateLimited,
+)
+from providers.models import Instance, InstanceState, Offer, WorkloadSpec
+from vk_provider import events
+from vk_provider.events import EventRecorder
+from vk_provider.instances import InstanceTracker
+from vk_provider.kube import JSON, ApiError, ConflictError, GoneError, KubeClient
+from vk_provider.offers import OfferBook
+from vk_provider.placement import InvalidRequest, Placement, PlacementRequest, place
+from vk_provider.podstatus import (
+    ContainerView,
+    Running,
+    Terminated,
+    Waiting,
+    pod_status,
+    status_changed,
+)
+from vk_provider.translate import InvalidPodSpec, references, to_workload
+from vk_provider.workqueue import QueueClosed, WorkQueue
+
+log = logging.getLogger(__name__)
+
+ANN_PROVIDER = "vk-provider.io/provider"
+ANN_INSTANCE = "vk-provider.io/instance-id"
+ANN_OFFER = "vk-provider.io/offer"
+ANN_PRICE = "vk-provider.io/price-per-hour"
+
+PodKey = tuple[str, str]  # (namespace, name)
+
+MAX_CANDIDATES = 5  # launch attempts per sync, walking the ranked offers
+MAX_BACKOFF = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodTimings:
+    status_poll_seconds: float = 2.0
+    restart_backoff_seconds: float = 10.0
+    retry_backoff_seconds: float = 5.0
+    instance_lost_cooldown_seconds: float = 300.0
+    capacity_block_seconds: float = 60.0
+    watch_timeout_seconds: int = 60
+
+
+@dataclass
+class _PodMemory:
+    """Per-pod cache: what we last knew, for cleanup after a force delete and for back-off."""
+
+    uid: str
+    provider: str | None = None
+    instance_id: str | None = None
+    retries: int = 0
+
+
+def backoff(base: float, attempt: int) -> float:
+    return float(min(base * (2 ** max(attempt, 0)), MAX_BACKOFF))
+
+
+def _meta(pod: JSON) -> JSON:
+    return pod.get("metadata") or {}
+
+
+def _annotations(pod: JSON) -> dict[str, str]:
+    return dict(_meta(pod).get("annotations") or {})
+
+
+def _key(pod: JSON) -> PodKey:
+    metadata = _meta(pod)
+    return (str(metadata.get("namespace")), str(metadata.get("name")))
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+class PodController:
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        node_name: str,
+        host_ip: str,
+        providers: Mapping[str, Provider],
+        offers: OfferBook,
+        recorder: EventRecorder,
+        timings: PodTimings,
+        workers: int,
+        priorities: Mapping[str, int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kube = kube
+        self._node = node_name
+        self._host_ip = host_ip
+        self._providers = dict(providers)
+        self._offers = offers
+        self._events = recorder
+        self._timings = timings
+        self._workers = workers
+        self._priorities = dict(priorities or {})
+        self._clock = clock
+        self.queue: WorkQueue[PodKey] = WorkQueue()
+        self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
+        self._memory: dict[PodKey, _PodMemory] = {}
+        self._uid_keys: dict[str, PodKey] = {}
+        self._blocked: dict[str, float] = {}  # offer key or provider name -> until (clock)
+        self.watch_live = asyncio.Event()
+
+    # ------------------------------------------------------------------ feeding the queue
+
+    def _instance_changed(self, pod_uid: str) -> None:
+        key = self._uid_keys.get(pod_uid)
+        if key is not None:
+            self.queue.add(key)
+
+    def _observe(self, pod: JSON) -> None:
+        key = _key(pod)
+        uid = str(_meta(pod).get("uid", ""))
+        memory = self._memory.get(key)
+        if memory is None or memory.uid != uid:
+            if memory is not None:
+                self._uid_keys.pop(memory.uid, None)
+            memory = self._memory[key] = _PodMemory(uid=uid)
+        annotations = _annotations(pod)
+        if ANN_INSTANCE in annotations:
+            memory.provider = annotations.get(ANN_PROVIDER)
+            memory.instance_id = annotations[ANN_INSTANCE]
+        self._uid_keys[uid] = key
+        self.queue.add(key)
+
+    async def watch_loop(self) -> None:
+        """List, then watch from the list's version; re-list on 410 or a dropped watch."""
+        while True:
+            try:
+                pods, version = await self._kube.list_node_pods(self._node)
+                listed = {_key(p) for p in pods}
+                for pod in pods:
+                    self._observe(pod)
+                # Pods we remember that are gone from the list were deleted while unwatched.
+                for key in list(self._memory):
+                    if key not in listed:
+                        self.queue.add(key)
+                self.watch_live.set()
+                async for kind, pod in self._kube.watch_node_pods(
+                    self._node, version, timeout_seconds=self._timings.watch_timeout_seconds
+                ):
+                    if kind == "BOOKMARK":
+                        version = str(_meta(pod).get("resourceVersion") or version)
+                        continue
+                    version = str(_meta(pod).get("resourceVersion") or version)
+                    self._observe(pod)
+            except GoneError:
+                log.info("pod watch expired (410); re-listing")
+            except (ApiError, OSError, TimeoutError, ValueError) as exc:
+                self.watch_live.clear()
+                log.warning("pod watch broken (%s); re-listing in 1s", exc)
+                await asyncio.sleep(1.0)
+            except Exception as exc:
+                # aiohttp raises its own ClientError family; treat every transport hiccup alike.
+                self.watch_live.clear()
+                log.warning("pod watch failed (%s: %s); re-listing in 1s", type(exc).__name__, exc)
+                await asyncio.sleep(1.0)
+
+    async def worker(self) -> None:
+        while True:
+            try:
+                key = await self.queue.get()
+            except QueueClosed:
+                return
+            try:
+                await self.sync(key)
+            except ConflictError:
+                self.queue.add_after(key, 0.2)  # someone wrote the pod meanwhile: re-read
+            except Exception:
+                log.exception("sync of pod %s/%s failed; retrying", *key)
+                self.queue.add_after(key, 2.0)
+            finally:
+                self.queue.done(key)
+
+    # ------------------------------------------------------------------ the sync
+
+    async def sync(self, key: PodKey) -> None:
+        namespace, name = key
+        pod = await self._kube.get_pod(namespace, name)
+        if pod is None or (pod.get("spec") or {}).get("nodeName") != self._node:
+            await self._forget(key)
+            return
+        memory = self._memory.get(key)
+        if memory is None or memory.uid != _meta(pod).get("uid"):
+            self._observe(pod)
+            memory = self._memory[key]
+        if _meta(pod).get("deletionTimestamp"):
+            await self._sync_deletion(key, pod)
+            return
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            await self._release(pod)
+            return
+        annotations = _annotations(pod)
+        provider_name = annotations.get(ANN_PROVIDER)
+        instance_id = annotations.get(ANN_INSTANCE)
+        if not provider_name or not instance_id or provider_name not in self._providers:
+            await self._place(key, pod, memory)
+            return
+        instance = await self._instance(provider_name, instance_id)
+        if instance is None:
+            await self._fail_lost(
+                pod, provider_name, annotations, "the provider no longer knows it"
+            )
+            return
+        await self._sync_instance(key, pod, instance)
+
+    async def _instance(self, provider: str, instance_id: str) -> Instance | None:
+        cached = self.tracker.get(provider, instance_id)
+        if cached is not None and self.tracker.fresh(provider):
+            return cached
+        try:
+            instance = await self._providers[provider].get(instance_id)
+        except NotFound:
+            return None
+        self.tracker.remember(instance)
+        return instance
+
+    async def _forget(self, key: PodKey) -> None:
+        """The pod is gone from the API (e.g. force-deleted): its instance must go too."""
+        memory = self._memory.pop(key, None)
+        if memory is None:
+            return
+        self._uid_keys.pop(memory.uid, None)
+        self._events.forget(memory.uid)
+        if memory.provider in self._providers and memory.instance_id:
+            try:
+                await self._providers[memory.provider].delete(memory.instance_id, grace_seconds=0)
+            except ProviderError as exc:
+                log.warning("terminating instance of deleted pod %s/%s failed: %s", *key, exc)
+                self._memory[key] = memory  # keep it so a retry still knows what to delete
+                self._uid_keys[memory.uid] = key
+                self.queue.add_after(key, 5.0)
+
+    # ------------------------------------------------------------------ deletion
+
+    async def _sync_deletion(self, key: PodKey, pod: JSON) -> None:
+        metadata = _meta(pod)
+        annotations = _annotations(pod)
+        provider_name = annotations.get(ANN_PROVIDER)
+        instance_id = annotations.get(ANN_INSTANCE)
+        if provider_name in self._providers and instance_id:
+            provider = self._providers[provider_name]
+            try:
+                instance = await provider.get(instance_id)
+            except NotFound:
+                instance = None
+            if instance is not None and instance.state not in (
+                InstanceState.TERMINATED,
+                InstanceState.EXITED,
+                InstanceState.LOST,
+            ):
+                deadline = _parse_time(metadata.get("deletionTimestamp"))
+                remaining = (
+                    max((deadline - datetime.now(UTC)).total_seconds(), 0.0) if deadline else 0.0
+                )
+                if instance.state is not InstanceState.TERMINATING:
+                    await self._events.record(
+                        pod, "Normal", events.KILLING, f"Stopping container {self._container(pod)}"
+                    )
+                await provider.delete(instance_id, grace_seconds=remaining)
+                self.queue.add_after(key, 0.5)
+                return
+            # Release what is left (a finished instance, or a provider's retained logs).
+            await provider.delete(instance_id, grace_seconds=0)
+        await self._kube.delete_pod_now(
+            str(metadata["namespace"]), str(metadata["name"]), uid=str(metadata["uid"])
+        )
+        self._memory.pop(key, None)
+        self._uid_keys.pop(str(metadata.get("uid")), None)
+        self._events.forget(str(metadata.get("uid")))
+
+    async def _release(self, pod: JSON) -> None:
+        """A terminal pod keeps no instance running.
+
+        Only an instance the provider still lists is deleted: deleting a released one again
+        would also drop what the provider retains for it (logs, until the pod is deleted).
+        """
+        annotations = _annotations(pod)
+        provider_name = annotations.get(ANN_PROVIDER)
+        instance_id = annotations.get(ANN_INSTANCE)
+        if provider_name in self._providers and instance_id:
+            provider = self._providers[provider_name]
+            with contextlib.suppress(NotFound):
+                await provider.get(instance_id)
+                await provider.delete(instance_id, grace_seconds=0)
+
+    # ------------------------------------------------------------------ placement and create
+
+    def _blocked_now(self) -> frozenset[str]:
+        now = self._clock()
+        for key in [k for k, until in self._blocked.items() if until <= now]:
+            del self._blocked[key]
+        return frozenset(self._blocked)
+
+    def block(self, key: str, seconds: float) -> None:
+        self._blocked[key] = max(self._blocked.get(key, 0.0), self._clock() + seconds)
+
+    @staticmethod
+    def _container(pod: JSON) -> str:
+        containers = (pod.get("spec") or {}).get("containers") or [{}]
+        return str(containers[0].get("name", ""))
+
+    async def _workload(self, pod: JSON, attempt: int) -> WorkloadSpec:
+        namespace = str(_meta(pod).get("namespace"))
+        refs = references(pod)
+        secrets: dict[str, JSON] = {}
+        config_maps: dict[str, JSON] = {}
+        for secret_name in sorted(refs.secrets):
+            found = await self._kube.get_secret(namespace, secret_name)
+            if found is not None:
+                secrets[secret_name] = found
+        for cm_name in sorted(refs.config_maps):
+            found = await self._kube.get_config_map(namespace, cm_name)
+            if found is not None:
+                config_maps[cm_name] = found
+        return to_workload(
+            pod,
+            secrets=secrets,
+            config_maps=config_maps,
+            node_name=self._node,
+            host_ip=self._host_ip,
+            attempt=attempt,
+        )
+
+    async def _write_status(
+        self,
+        pod: JSON,
+        view: ContainerView,
+        *,
+        pod_ip: str | None = None,
+        phase: str | None = None,
+        reason: str = "",
+        message: str = "",
+    ) -> None:
+        wanted = pod_status(
+            pod,
+            view,
+            now=datetime.now(UTC),
+            host_ip=self._host_ip,
+            pod_ip=pod_ip,
+            phase=phase,
+            reason=reason,
+            message=message,
+        )
+        if status_changed(pod.get("status") or {}, wanted):
+            namespace, name = _key(pod)
+            await self._kube.patch_pod_status(namespace, name, wanted)
+
+    def _waiting_view(self, pod: JSON, reason: str, message: str = "") -> ContainerView:
+        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        previous = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0]
+        last = previous.get("lastState", {}).get("terminated")
+        return ContainerView(
+            name=str(container.get("name", "")),
+            image=str(container.get("image", "")),
+            state=Waiting(reason=reason, message=message),
+            restart_count=int(previous.get("restartCount") or 0),
+            last_state=_terminated_from_json(last) if last else None,
+        )
+
+    async def _invalid(self, pod: JSON, field_name: str, message: str) -> None:
+        text = f"{field_name}: {message}" if field_name and field_name not in message else message
+        await self._events.record(pod, "Warning", events.INVALID_SPEC, text)
+        restart_policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
+        view = self._waiting_view(pod, "InvalidSpec", text)
+        if restart_policy == "Never":
+            await self._write_status(pod, view, phase="Failed", reason="InvalidSpec", message=text)
+        else:
+            await self._write_status(pod, view, reason="InvalidSpec", message=text)
+        # Not retried: the next change of the pod queues it again.
+
+    def _retry_later(self, key: PodKey, memory: _PodMemory) -> float:
+        delay = backoff(self._timings.retry_backoff_seconds, memory.retries)
+        memory.retries += 1
+        self.queue.add_after(key, delay)
+        return delay
+
+    async def _place(self, key: PodKey, pod: JSON, memory: _PodMemory) -> None:
+        restart_count = int(
+            (((pod.get("status") or {}).get("containerStatuses") or [{}])[0]).get("restartCount")
+            or 0
+        )
+        try:
+            spec = await self._workload(pod, attempt=restart_count)
+            request = PlacementRequest.from_workload(spec, _annotations(pod))
+        except InvalidPodSpec as exc:
+            if exc.retryable:
+                await self._events.record(pod, "Warning", events.FAILED_CONFIG, str(exc))
+                view = self._waiting_view(pod, events.FAILED_CONFIG, str(exc))
+                await self._write_status(pod, view)
+                self._retry_later(key, memory)
+                return
+            await self._invalid(pod, exc.field, str(exc))
+            return
+        except InvalidRequest as exc:
+            await self._invalid(pod, exc.field, str(exc))
+            return
+        offers = await self._offers.offers()
+        placement = place(request, offers, blocked=self._blocked_now(), priorities=self._priorities)
+        if not placement.fits:
+            await self._no_capacity(key, pod, memory, placement, request)
+            return
+        await self._launch(key, pod, memory, spec, placement, len(offers))
+
+    async def _no_capacity(
+        self,
+        key: PodKey,
+        pod: JSON,
+        memory: _PodMemory,
+        placement: Placement,
+        request: PlacementRequest,
+    ) -> None:
+        delay = self._retry_later(key, memory)
+        wanted = f"{request.gpu_count} GPU" + (
+            f" ({','.join(request.gpu_models)})" if request.gpu_models else ""
+        )
+        message = (
+            f"no offer fits {wanted}: offers removed {placement.explain()}; "
+            f"retrying in {delay:.0f}s"
+        )
+        await self._events.record(pod, "Warning", events.NO_CAPACITY, message)
+        await self._write_status(pod, self._waiting_view(pod, "ContainerCreating", message))
+
+    async def _launch(
+        self,
+        key: PodKey,
+        pod: JSON,
+        memory: _PodMemory,
+        spec: WorkloadSpec,
+        placement: Placement,
+        offers_seen: int,
+    ) -> None:
+        skipped: list[str] = []
+        for offer in placement.candidates[:MAX_CANDIDATES]:
+            provider = self._providers[offer.provider]
+            try:
+                instance = await provider.create(spec, offer)
+            except CapacityUnavailable as exc:
+                self.block(offer.key, self._timings.capacity_block_seconds)
+                skipped.append(f"{offer.key}: no capacity")
+                await self._create_failed(pod, offer, exc)
+                continue
+            except AuthFailed as exc:
+                self.block(offer.provider, self._timings.instance_lost_cooldown_seconds)
+                skipped.append(f"{offer.provider}: refused credentials")
+                await self._create_failed(pod, offer, exc)
+                continue
+            except InvalidSpec as exc:
+                await self._invalid(pod, exc.field, str(exc))
+                return
+            except RateLimited as exc:
+                await self._create_failed(pod, offer, exc)
+                self.queue.add_after(key, exc.retry_after or self._retry_later(key, memory))
+                return
+            except ProviderError as exc:  # Transient and anything unclassified: retry later
+                await self._create_failed(pod, offer, exc)
+                self._retry_later(key, memory)
+                return
+            await self._adopt(pod, memory, instance, offer)
+            cheaper = len(skipped)
+            why = f" ({'; '.join(skipped)})" if skipped else ""
+            gpu = f"{offer.gpu_count}x {offer.gpu_model}" if offer.gpu_model else "no GPU"
+            await self._events.record(
+                pod,
+                "Normal",
+                events.PROVIDER_SELECTED,
+                f"placed on {offer.provider} offer {offer.sku} ({gpu}) in {offer.region} at "
+                f"${offer.price_per_hour:.4f}/h; {cheaper} cheaper offer(s) skipped{why}; "
+                f"{offers_seen} offer(s) considered",
+            )
+            memory.retries = 0
+            self.queue.add_after(key, self._timings.status_poll_seconds)
+            return
+        await self._no_capacity(key, pod, memory, placement, PlacementRequest())
+
+    async def _create_failed(self, pod: JSON, offer: Offer, exc: ProviderError) -> None:
+        await self._events.record(
+            pod,
+            "Warning",
+            events.PROVIDER_CREATE_FAILED,
+            f"{offer.provider} refused offer {offer.sku} in {offer.region}: "
+            f"{type(exc).__name__}: {exc}",
+        )
+
+    async def _adopt(self, pod: JSON, memory: _PodMemory, instance: Instance, offer: Offer) -> None:
+        namespace, name = _key(pod)
+        updated = await self._kube.patch_pod_annotations(
+            namespace,
+            name,
+            {
+                ANN_PROVIDER: offer.provider,
+                ANN_INSTANCE: instance.instance_id,
+                ANN_OFFER: offer.key,
+                ANN_PRICE: f"{offer.price_per_hour:.4f}",
+            },
+            uid=memory.uid,
+        )
+        memory.provider = offer.provider
+        memory.instance_id = instance.instance_id
+        self.tracker.remember(instance)
+        await self._sync_instance(_key(pod), updated, instance)
+
+    # ------------------------------------------------------------------ a running instance
+
+    async def _fail_lost(
+        self, pod: JSON, provider_name: str, annotations: Mapping[str, str], why: str
+    ) -> None:
+        offer_key = annotations.get(ANN_OFFER, "")
+        if offer_key:
+            self.block(offer_key, self._timings.instance_lost_cooldown_seconds)
+        message = (
+            f"instance {annotations.get(ANN_INSTANCE)} on {provider_name} was lost: {why}; "
+            f"offer {offer_key or '?'} avoided for "
+            f"{self._timings.instance_lost_cooldown_seconds:.0f}s"
+        )
+        await self._events.record(pod, "Warning", events.INSTANCE_LOST, message)
+        view = self._waiting_view(pod, "InstanceLost", message)
+        previous = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0]
+        started = _parse_time(((previous.get("state") or {}).get("running") or {}).get("startedAt"))
+        view = ContainerView(
+            name=view.name,
+            image=view.image,
+            state=Terminated(
+                exit_code=137,
+                reason="InstanceLost",
+                started_at=started,
+                finished_at=datetime.now(UTC),
+                message=message,
+            ),
+            container_id=str(previous.get("containerID") or ""),
+            restart_count=view.restart_count,
+            last_state=view.last_state,
+        )
+        await self._write_status(pod, view, phase="Failed", reason="InstanceLost", message=message)
+        await self._release(pod)
+
+    async def _sync_instance(self, key: PodKey, pod: JSON, instance: Instance) -> None:
+        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        name = str(container.get("name", ""))
+        image = str(container.get("image", ""))
+        previous = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0]
+        restart_count = int(previous.get("restartCount") or 0)
+        last = previous.get("lastState", {}).get("terminated")
+        last_state = _terminated_from_json(last) if last else None
+        container_id = f"vk-provider://{instance.instance_id}"
+        state = instance.state
+        if state is InstanceState.LOST or state in (
+            InstanceState.TERMINATING,
+            InstanceState.TERMINATED,
+        ):
+            # We never asked (no deletionTimestamp): the provider ended it on its own.
+            await self._fail_lost(
+                pod, instance.provider, _annotations(pod), instance.message or state.value
+            )
+            return
+        if state is InstanceState.PENDING:
+            view = ContainerView(
+                name,
+                image,
+                Waiting("ContainerCreating", instance.message),
+                container_id,
+                last_state,
+                restart_count,
+            )
+            await self._write_status(pod, view)
+            self.queue.add_after(key, self._timings.status_poll_seconds)
+            return
+        if state is InstanceState.RUNNING:
+            started = instance.started_at or datetime.now(UTC)
+            was_running = bool((previous.get("state") or {}).get("running"))
+            view = ContainerView(
+                name, image, Running(started), container_id, last_state, restart_count
+            )
+            await self._write_status(pod, view, pod_ip=instance.ip)
+            if not was_running:
+                await self._events.record(
+                    pod, "Normal", events.STARTED, f"Started container {name}"
+                )
+            self.queue.add_after(key, self._timings.status_poll_seconds * 5)
+            return
+        # EXITED: the container ended on its own; restartPolicy decides.
+        await self._container_exited(key, pod, instance, container_id, last_state, restart_count)
+
+    async def _container_exited(
+        self,
+        key: PodKey,
+        pod: JSON,
+        instance: Instance,
+        container_id: str,
+        last_state: Terminated | None,
+        restart_count: int,
+    ) -> None:
+        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        name, image = str(container.get("name", "")), str(container.get("image", ""))
+        code = instance.exit_code if instance.exit_code is not None else 1
+        terminated = Terminated(
+            exit_code=code,
+            reason="Completed" if code == 0 else "Error",
+            started_at=instance.started_at,
+            finished_at=instance.finished_at or datetime.now(UTC),
+        )
+        policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
+        if policy == "Never" or (policy == "OnFailure" and code == 0):
+            view = ContainerView(name, image, terminated, container_id, last_state, restart_count)
+            await self._write_status(pod, view, pod_ip=instance.ip)
+            await self._release(pod)
+            return
+        delay = backoff(self._timings.restart_backoff_seconds, restart_count)
+        finished = terminated.finished_at or datetime.now(UTC)
+        wait = delay - (datetime.now(UTC) - finished).total_seconds()
+        if wait > 0:
+            message = f"back-off {delay:.0f}s restarting failed container={name} pod={key[1]}"
+            view = ContainerView(
+                name,
+                image,
+                Waiting("CrashLoopBackOff", message),
+                container_id,
+                terminated,
+                restart_count,
+            )
+            if (
+                ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state") or {}
+            ).get("waiting", {}).get("reason") != "CrashLoopBackOff":
+                await self._events.record(pod, "Warning", events.BACK_OFF, message)
+            await self._write_status(pod, view)
+            self.queue.add_after(key, wait)
+            return
+        await self._relaunch(key, pod, instance, terminated, restart_count)
+
+    async def _relaunch(
+        self, key: PodKey, pod: JSON, old: Instance, terminated: Terminated, restart_count: int
+    ) -> None:
+        provider = self._providers[old.provider]
+        annotations = _annotations(pod)
+        offer = next(
+            (o for o in self._offers.cached() if o.key == annotations.get(ANN_OFFER)), None
+        )
+        if offer is None:
+            offer = next(
+                (
+                    o
+                    for o in await self._offers.offers(max_age=0)
+                    if o.key == annotations.get(ANN_OFFER)
+                ),
+                None,
+            )
+        with contextlib.suppress(NotFound):
+            await provider.delete(old.instance_id, grace_seconds=0)
+        if offer is None:
+            await self._fail_lost(pod, old.provider, annotations, "its offer is no longer offered")
+            return
+        try:
+            spec = await self._workload(pod, attempt=restart_count + 1)
+        except InvalidPodSpec as exc:
+            await self._invalid(pod, exc.field, str(exc))
+            return
+        instance = await provider.create(spec, offer)
+        namespace, name = _key(pod)
+        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        view = ContainerView(
+            str(container.get("name", "")),
+            str(container.get("image", "")),
+            Waiting("ContainerCreating"),
+            f"vk-provider://{instance.instance_id}",
+            terminated,
+            restart_count + 1,
+        )
+        updated = await self._kube.patch_pod_annotations(
+            namespace, name, {ANN_INSTANCE: instance.instance_id}, uid=str(_meta(pod)["uid"])
+        )
+        self.tracker.remember(instance)
+        memory = self._memory.get(key)
+        if memory is not None:
+            memory.instance_id = instance.instance_id
+        await self._write_status(updated, view)
+        self.queue.add_after(key, self._timings.status_poll_seconds)
+
+    # ------------------------------------------------------------------ running it
+
+    async def run_workers(self) -> None:
+        await asyncio.gather(*(self.worker() for _ in range(self._workers)))
+
+    def pod_for_uid(self, uid: str) -> PodKey | None:
+        return self._uid_keys.get(uid)
+
+
+def _terminated_from_json(body: Mapping[str, Any]) -> Terminated:
+    return Terminated(
+        exit_code=int(body.get("exitCode", 0)),
+        reason=str(body.get("reason", "")),
+        started_at=_parse_time(body.get("startedAt")),
+        finished_at=_parse_time(body.get("finishedAt")),
+        message=str(body.get("message", "")),
+    )

@@ -1,0 +1,195 @@
+"""The agent process: builds every part from the configuration and supervises its tasks.
+
+All long-lived tasks start here and nowhere else: offer refresh, node Lease and status loops,
+the pod watch, the instance poller, the pod workers and the kubelet API server. If any of
+them ends or dies, the agent logs which one and why and stops with a non-zero exit (a
+half-working node agent is worse than a restarted one). SIGTERM/SIGINT stop everything
+within bounded time and exit 0.
+
+Invariants: providers are constructed before anything touches the cluster, so a bad
+provider configuration fails fast; the node is registered before pods are watched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from providers.contract import Provider
+from providers.local import LocalProvider
+from vk_provider.config import AgentConfig, LocalProviderConfig
+from vk_provider.events import EventRecorder
+from vk_provider.kube import KubeClient
+from vk_provider.kubelet_backend import (
+    PodLogSource,
+    SubjectAccessReviewAuthorizer,
+    TokenReviewAuthenticator,
+)
+from vk_provider.kubeletapi import (
+    KubeletApiServer,
+    build_server_ssl_context,
+    ensure_serving_certificate,
+)
+from vk_provider.localcluster.cluster import state_root
+from vk_provider.node import NodeController, default_address
+from vk_provider.offers import OfferBook
+from vk_provider.pods import PodController, PodTimings
+
+log = logging.getLogger(__name__)
+
+IN_CLUSTER_CA = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+SHUTDOWN_SECONDS = 10.0
+
+
+class AgentFailed(RuntimeError):
+    """A root task of the agent died; the message says which and why."""
+
+
+def build_providers(config: AgentConfig, *, state_dir: Path) -> dict[str, Provider]:
+    providers: dict[str, Provider] = {}
+    for entry in config.providers:
+        if isinstance(entry, LocalProviderConfig):
+            providers[entry.name] = LocalProvider(entry, state_dir=state_dir / "local" / entry.name)
+    return providers
+
+
+@dataclass
+class Agent:
+    """Every part of a running agent, wired; ``run()`` supervises them."""
+
+    config: AgentConfig
+    kube: KubeClient
+    providers: dict[str, Provider]
+    offers: OfferBook
+    node: NodeController
+    pods: PodController
+    kubelet_api: KubeletApiServer
+
+    @classmethod
+    async def create(
+        cls, config: AgentConfig, kube: KubeClient, *, state_dir: Path | None = None
+    ) -> Agent:
+        state = state_dir or state_root() / "agent" / config.node.name
+        providers = build_providers(config, state_dir=state)
+        intervals = config.intervals
+        offers = OfferBook(providers, ttl_seconds=intervals.offers_ttl_seconds)
+        api_cfg = config.kubelet_api
+        address = config.node.address or (
+            api_cfg.host if api_cfg.host not in ("0.0.0.0", "::", "") else default_address()  # noqa: S104
+        )
+        if api_cfg.tls_cert_file and api_cfg.tls_key_file:
+            cert, key = api_cfg.tls_cert_file, api_cfg.tls_key_file
+        else:
+            cert, key = ensure_serving_certificate(
+                state / "kubelet-tls", node_name=config.node.name, ip_addresses=(address,)
+            )
+        in_cluster_ca = IN_CLUSTER_CA if IN_CLUSTER_CA.exists() else None  # noqa: ASYNC240 - once
+        client_ca = api_cfg.client_ca_file or in_cluster_ca
+        kubelet_api = KubeletApiServer(
+            node_name=config.node.name,
+            host=api_cfg.host,
+            port=api_cfg.port,
+            ssl_context=build_server_ssl_context(cert, key, client_ca),
+            authenticator=TokenReviewAuthenticator(kube),
+            authorizer=SubjectAccessReviewAuthorizer(kube),
+            logs=PodLogSource(kube, providers, node_name=config.node.name),
+        )
+        recorder = EventRecorder(kube, node_name=config.node.name)
+        pods = PodController(
+            kube,
+            node_name=config.node.name,
+            host_ip=address,
+            providers=providers,
+            offers=offers,
+            recorder=recorder,
+            timings=PodTimings(
+                status_poll_seconds=intervals.pod_status_seconds,
+                restart_backoff_seconds=intervals.restart_backoff_seconds,
+                retry_backoff_seconds=intervals.retry_backoff_seconds,
+                instance_lost_cooldown_seconds=intervals.instance_lost_cooldown_seconds,
+            ),
+            workers=config.workers,
+            priorities={p.name: p.priority for p in config.providers},
+        )
+        node = NodeController(
+            kube,
+            config.node,
+            offers,
+            address=address,
+            kubelet_port=api_cfg.port,
+            lease_seconds=intervals.lease_seconds,
+            lease_duration_seconds=intervals.lease_duration_seconds,
+            status_seconds=intervals.node_status_seconds,
+        )
+        return cls(config, kube, providers, offers, node, pods, kubelet_api)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set (clean exit) or a root task dies (``AgentFailed``)."""
+        await self.kubelet_api.start()
+        # The node advertises the port actually bound (0 in tests means "any free port").
+        self.node.kubelet_port = self.kubelet_api.port
+        tasks: dict[asyncio.Task[None], str] = {}
+        stopper = asyncio.create_task(stop.wait(), name="stop-signal")
+        try:
+            await self.offers.refresh()
+            await self.node.register()
+            log.info(
+                "node %s registered; kubelet API on port %d", self.node.name, self.kubelet_api.port
+            )
+            roots: dict[str, Coroutine[Any, Any, None]] = {
+                "node-lease": self.node.run_lease_loop(),
+                "node-status": self.node.run_status_loop(),
+                "pod-watch": self.pods.watch_loop(),
+                "instance-poll": self.pods.tracker.run(self.config.intervals.pod_status_seconds),
+                "pod-workers": self.pods.run_workers(),
+            }
+            tasks = {asyncio.create_task(coro, name=name): name for name, coro in roots.items()}
+            waited: list[asyncio.Task[Any]] = [*tasks, stopper]
+            done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+            if stopper not in done:
+                task = next(t for t in tasks if t in done)
+                name = tasks[task]
+                exc = task.exception()
+                raise AgentFailed(
+                    f"root task {name!r} "
+                    + (f"died: {type(exc).__name__}: {exc}" if exc else "ended unexpectedly")
+                ) from exc
+        finally:
+            stopper.cancel()
+            await self._shutdown(tasks)
+
+    async def _shutdown(self, tasks: dict[asyncio.Task[None], str]) -> None:
+        self.pods.queue.close()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_SECONDS)
+            for task in pending:
+                log.error("task %s did not stop within %.0fs", tasks[task], SHUTDOWN_SECONDS)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.kubelet_api.stop(), SHUTDOWN_SECONDS)
+        for provider in self.providers.values():
+            with contextlib.suppress(Exception):
+                await provider.close()
+
+
+async def run_agent(
+    config: AgentConfig, *, kubeconfig: Path | None, state_dir: Path | None
+) -> None:
+    """Entry point of `vk-provider run`: SIGTERM/SIGINT stop cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    kube = await KubeClient.connect(kubeconfig)
+    try:
+        agent = await Agent.create(config, kube, state_dir=state_dir)
+        await agent.run(stop)
+    finally:
+        await kube.close()
