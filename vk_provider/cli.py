@@ -44,14 +44,31 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def obtain_binaries() -> Binaries:
-    """Find the control-plane binaries, building them with a progress bar when needed."""
+    """Find the control-plane binaries, building them with visible progress when needed.
+
+    On a terminal this is a progress bar; in a log (CI) it is one line per phase and per
+    tenth of the packages compiled, so a person reading the log sees it move.
+    """
+    if not console.is_terminal:
+        last: dict[str, int] = {}
+
+        def report_lines(phase: str, done: int, total: int) -> None:
+            step = (10 * done // total) if total else -1
+            if last.get(phase) != step:
+                last[phase] = step
+                suffix = f" {done}/{total} packages" if total else ""
+                console.print(f"  {phase}{suffix}", highlight=False)
+
+        binaries = ensure_binaries(PINNED, progress=report_lines)
+        console.print(f"  binaries: {binaries.source}", highlight=False)
+        return binaries
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
-        transient=False,
+        transient=True,
     ) as bar:
         task = bar.add_task("looking for control-plane binaries", total=None)
 
@@ -59,7 +76,7 @@ def obtain_binaries() -> Binaries:
             bar.update(task, description=phase, completed=done, total=total or None)
 
         binaries = ensure_binaries(PINNED, progress=report)
-        bar.update(task, description=f"binaries: {binaries.source}", completed=1, total=1)
+    console.print(f"binaries: {binaries.source}", highlight=False)
     return binaries
 
 

@@ -34,9 +34,17 @@ class _Strict(BaseModel):
 
 
 class SecretRef(_Strict):
-    """A credential by reference: ``env:VAR`` or ``file:/path``. Never a literal value."""
+    """A credential by reference: ``env:VAR`` or ``file:/path``. Never a literal value.
+
+    In YAML it is written as a plain string: ``api_key: env:RUNPOD_API_KEY``.
+    """
 
     ref: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: object) -> object:
+        return {"ref": value} if isinstance(value, str) else value
 
     @field_validator("ref")
     @classmethod
@@ -156,7 +164,94 @@ class LocalProviderConfig(_Strict):
         return self
 
 
-ProviderConfig = Annotated[LocalProviderConfig, Field(discriminator="type")]
+class _CloudProviderBase(_Strict):
+    """Fields every real cloud provider shares."""
+
+    name: str = Field(description="Provider name, unique in this agent.")
+    priority: int = Field(0, description="Higher is preferred when prices tie.")
+    regions: list[str] = Field(
+        default_factory=list, description="Regions (or data centres) to use; empty means all."
+    )
+    max_price_per_hour: float | None = Field(
+        None, ge=0, description="Never launch an instance dearer than this ($/hour)."
+    )
+    max_gpus: int = Field(64, ge=0, description="Most GPUs to run on this provider at once.")
+    timeout_seconds: float = Field(30, gt=0, le=300, description="Per-request timeout.")
+
+
+class RunPodProviderConfig(_CloudProviderBase):
+    """RunPod pods through REST v1, offers through GraphQL (shared/provider-apis)."""
+
+    type: Literal["runpod"]
+    api_key: SecretRef = Field(description="API key, by reference (env:VAR or file:/path).")
+    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = Field(
+        "SECURE", description="Secure cloud, community cloud, or both."
+    )
+    gpu_types: list[str] = Field(
+        default_factory=list, description="RunPod GPU type ids to consider; empty means all."
+    )
+    container_disk_gb: int = Field(20, ge=1, le=2000, description="Container disk per pod (GB).")
+    rest_url: str = Field("https://rest.runpod.io/v1", description="REST v1 base URL.")
+    graphql_url: str = Field("https://api.runpod.io/graphql", description="GraphQL URL.")
+    logs_url: str = Field("https://api.runpod.io/v2", description="REST v2 base URL (logs).")
+
+
+class LambdaProviderConfig(_CloudProviderBase):
+    """Lambda Cloud VMs running the pod's image through cloud-init (shared/provider-apis)."""
+
+    type: Literal["lambda"]
+    api_key: SecretRef = Field(description="API key, by reference (env:VAR or file:/path).")
+    ssh_key_name: str = Field(description="Name of an SSH key registered with Lambda Cloud.")
+    firewall_ruleset_ids: list[str] = Field(
+        default_factory=list, description="Firewall rulesets to attach to launched instances."
+    )
+    instance_types: list[str] = Field(
+        default_factory=list, description="Instance type names to consider; empty means all."
+    )
+    base_url: str = Field("https://cloud.lambda.ai/api/v1", description="API base URL.")
+
+
+class ModalGpuOffer(_Strict):
+    gpu: str = Field(description="Modal GPU name, e.g. H100, A100-80GB, L40S.")
+    count: int = Field(1, ge=1, le=8, description="GPUs per sandbox.")
+    price_per_hour: float = Field(ge=0, description="Price for the whole sandbox ($/hour).")
+    vcpus: float = Field(8, gt=0, description="vCPUs requested.")
+    memory_gib: float = Field(32, gt=0, description="Memory requested (GiB).")
+    region: str = Field("any", description="Modal region, or 'any'.")
+
+
+class ModalProviderConfig(_CloudProviderBase):
+    """Modal sandboxes through the `modal` SDK (optional dependency, imported when used)."""
+
+    type: Literal["modal"]
+    token_id: SecretRef = Field(description="Modal token id, by reference.")
+    token_secret: SecretRef = Field(description="Modal token secret, by reference.")
+    app_name: str = Field("vk-provider", description="Modal app that holds the sandboxes.")
+    sandbox_timeout_seconds: int = Field(
+        86400, ge=60, le=7 * 86400, description="Sandbox lifetime limit (Modal's default is 300)."
+    )
+    offers: list[ModalGpuOffer] = Field(description="What to offer and at which price.")
+
+
+class KubernetesProviderConfig(_CloudProviderBase):
+    """Another Kubernetes cluster: pods run in a namespace there."""
+
+    type: Literal["kubernetes"]
+    kubeconfig: SecretRef = Field(description="Kubeconfig of the remote cluster, by reference.")
+    namespace: str = Field("vk-provider-workloads", description="Remote namespace for pods.")
+    gpu_model: str | None = Field(None, description="Canonical GPU model of the remote nodes.")
+    gpu_price_per_hour: float = Field(0, ge=0, description="Price per GPU per hour.")
+    cpu_price_per_hour: float = Field(0, ge=0, description="Price per vCPU per hour.")
+
+
+ProviderConfig = Annotated[
+    LocalProviderConfig
+    | RunPodProviderConfig
+    | LambdaProviderConfig
+    | ModalProviderConfig
+    | KubernetesProviderConfig,
+    Field(discriminator="type"),
+]
 
 
 class IntervalsConfig(_Strict):
@@ -224,6 +319,9 @@ class AgentConfig(_Strict):
         return self
 
 
+_PROVIDER_TAGS = ("local", "runpod", "lambda", "modal", "kubernetes")
+
+
 def _field_path(location: tuple[int | str, ...]) -> str:
     path = ""
     for part in location:
@@ -238,7 +336,9 @@ def format_validation_error(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         # Discriminated unions add the tag to the location; it is not a field the user wrote.
-        location = tuple(p for p in item["loc"] if p not in ("local",))
+        location = tuple(p for p in item["loc"] if p not in _PROVIDER_TAGS)
+        if location and location[-1] == "ref":  # SecretRef's inner field: name the outer one
+            location = location[:-1]
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"

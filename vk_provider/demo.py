@@ -24,7 +24,7 @@ import yaml
 from rich.console import Console
 
 from providers.local import LocalProvider
-from vk_provider.config import load_config
+from vk_provider.config import LocalProviderConfig, load_config
 from vk_provider.localcluster.binaries import Binaries
 from vk_provider.localcluster.cluster import LocalCluster, free_ports
 
@@ -181,6 +181,8 @@ def _stop_local_instances(config_path: Path) -> None:
     async def stop_all() -> None:
         config = load_config(config_path)
         for entry in config.providers:
+            if not isinstance(entry, LocalProviderConfig):
+                continue
             provider = LocalProvider(entry, state_dir=Path(str(entry.state_dir)))
             for instance in await provider.list_ours():
                 await provider.delete(instance.instance_id, grace_seconds=0)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,51 +132,67 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set (clean exit) or a root task dies (``AgentFailed``)."""
         await self.kubelet_api.start()
-        # The node advertises the port actually bound (0 in tests means "any free port").
-        self.node.kubelet_port = self.kubelet_api.port
-        tasks: dict[asyncio.Task[None], str] = {}
-        stopper = asyncio.create_task(stop.wait(), name="stop-signal")
         try:
+            # The node advertises the port actually bound (0 in tests means "any free port").
+            self.node.kubelet_port = self.kubelet_api.port
             await self.offers.refresh()
             await self.node.register()
             log.info(
                 "node %s registered; kubelet API on port %d", self.node.name, self.kubelet_api.port
             )
-            roots: dict[str, Coroutine[Any, Any, None]] = {
-                "node-lease": self.node.run_lease_loop(),
-                "node-status": self.node.run_status_loop(),
-                "pod-watch": self.pods.watch_loop(),
-                "instance-poll": self.pods.tracker.run(self.config.intervals.pod_status_seconds),
-                "pod-workers": self.pods.run_workers(),
-            }
-            tasks = {asyncio.create_task(coro, name=name): name for name, coro in roots.items()}
-            waited: list[asyncio.Task[Any]] = [*tasks, stopper]
-            done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
-            if stopper not in done:
-                task = next(t for t in tasks if t in done)
-                name = tasks[task]
-                exc = task.exception()
-                raise AgentFailed(
-                    f"root task {name!r} "
-                    + (f"died: {type(exc).__name__}: {exc}" if exc else "ended unexpectedly")
-                ) from exc
+            await supervise(
+                {
+                    "node-lease": self.node.run_lease_loop,
+                    "node-status": self.node.run_status_loop,
+                    "pod-watch": self.pods.watch_loop,
+                    "instance-poll": lambda: self.pods.tracker.run(
+                        self.config.intervals.pod_status_seconds
+                    ),
+                    "pod-workers": self.pods.run_workers,
+                },
+                stop,
+                before_cancel=self.pods.queue.close,
+            )
         finally:
-            stopper.cancel()
-            await self._shutdown(tasks)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.kubelet_api.stop(), SHUTDOWN_SECONDS)
+            for provider in self.providers.values():
+                with contextlib.suppress(Exception):
+                    await provider.close()
 
-    async def _shutdown(self, tasks: dict[asyncio.Task[None], str]) -> None:
-        self.pods.queue.close()
+
+async def supervise(
+    roots: Mapping[str, Callable[[], Coroutine[Any, Any, None]]],
+    stop: asyncio.Event,
+    *,
+    before_cancel: Callable[[], None] = lambda: None,
+    shutdown_seconds: float = SHUTDOWN_SECONDS,
+) -> None:
+    """Run named root tasks until ``stop`` is set; if one ends first, raise ``AgentFailed``.
+
+    Either way every task is cancelled and awaited (bounded by ``shutdown_seconds``) before
+    this returns, so nothing is left running behind the caller's back.
+    """
+    tasks = {asyncio.create_task(start(), name=name): name for name, start in roots.items()}
+    stopper = asyncio.create_task(stop.wait(), name="stop-signal")
+    try:
+        waited: list[asyncio.Task[Any]] = [*tasks, stopper]
+        done, _ = await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        if stopper not in done:
+            task = next(t for t in tasks if t in done)
+            exc = task.exception()
+            raise AgentFailed(
+                f"root task {tasks[task]!r} "
+                + (f"died: {type(exc).__name__}: {exc}" if exc else "ended unexpectedly")
+            ) from exc
+    finally:
+        stopper.cancel()
+        before_cancel()
         for task in tasks:
             task.cancel()
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_SECONDS)
-            for task in pending:
-                log.error("task %s did not stop within %.0fs", tasks[task], SHUTDOWN_SECONDS)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.kubelet_api.stop(), SHUTDOWN_SECONDS)
-        for provider in self.providers.values():
-            with contextlib.suppress(Exception):
-                await provider.close()
+        _, pending = await asyncio.wait([*tasks, stopper], timeout=shutdown_seconds)
+        for stuck in pending:
+            log.error("task %s did not stop within %.0fs", stuck.get_name(), shutdown_seconds)
 
 
 async def run_agent(
