@@ -48,12 +48,20 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from providers.errors import CapacityUnavailable, InvalidSpec, NotFound, Transient
+from providers.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    ProviderError,
+    RateLimited,
+    Transient,
+)
 from providers.models import (
     Capabilities,
     Instance,
@@ -109,9 +117,19 @@ class _Faults:
     create_failure_rate: float = 0.0
     api_latency_seconds: float = 0.0
     fail_creates: int = 0
+    create_error: str = "capacity"
 
 
-_FAULT_KEYS = frozenset({"create_failure_rate", "api_latency_seconds", "fail_creates"})
+_FAULT_KEYS = frozenset(
+    {"create_failure_rate", "api_latency_seconds", "fail_creates", "create_error"}
+)
+# What an injected create failure raises: the classes a real cloud answers with.
+_CREATE_ERRORS: dict[str, Callable[[str, str], ProviderError]] = {
+    "capacity": lambda m, p: CapacityUnavailable(m, provider=p),
+    "transient": lambda m, p: Transient(m, provider=p),
+    "rate_limited": lambda m, p: RateLimited(m, provider=p, retry_after=1.0),
+    "auth": lambda m, p: AuthFailed(m, provider=p),
+}
 
 
 @contextlib.contextmanager
@@ -126,7 +144,7 @@ def _faults_locked(state_dir: Path) -> Iterator[Path]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _read_fault_overrides(path: Path) -> dict[str, float | int]:
+def _read_fault_overrides(path: Path) -> dict[str, float | int | str]:
     try:
         data = json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -136,7 +154,11 @@ def _read_fault_overrides(path: Path) -> dict[str, float | int]:
     return {
         key: value
         for key, value in data.items()
-        if key in _FAULT_KEYS and isinstance(value, int | float) and not isinstance(value, bool)
+        if key in _FAULT_KEYS
+        and (
+            (isinstance(value, int | float) and not isinstance(value, bool))
+            or (key == "create_error" and value in _CREATE_ERRORS)
+        )
     }
 
 
@@ -146,12 +168,18 @@ def set_faults(
     create_failure_rate: float | None = None,
     api_latency_seconds: float | None = None,
     fail_creates: int | None = None,
+    create_error: str | None = None,
 ) -> None:
     """Override the configured faults of the provider using ``state_dir``; None leaves a value.
 
-    ``fail_creates=N`` makes the next N creates fail with ``CapacityUnavailable``.
+    ``fail_creates=N`` makes the next N creates fail; ``create_error`` says how (capacity,
+    transient, rate_limited, auth; default that of the configuration).
     """
-    updates: dict[str, float | int] = {}
+    updates: dict[str, float | int | str] = {}
+    if create_error is not None:
+        if create_error not in _CREATE_ERRORS:
+            raise ValueError(f"create_error must be one of {', '.join(_CREATE_ERRORS)}")
+        updates["create_error"] = create_error
     if create_failure_rate is not None:
         if not 0 <= create_failure_rate <= 1:
             raise ValueError("create_failure_rate must be between 0 and 1")
@@ -548,6 +576,7 @@ class LocalProvider:
                 overrides.get("api_latency_seconds", configured.api_latency_seconds)
             ),
             fail_creates=int(overrides.get("fail_creates", 0)),
+            create_error=str(overrides.get("create_error", configured.create_error)),
         )
 
     def _create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
@@ -617,19 +646,17 @@ class LocalProvider:
         self._enforce_deadline(directory, record, termination, now)
 
     def _inject_create_failure(self) -> None:
+        faults = self._faults()
+        error = _CREATE_ERRORS.get(faults.create_error, _CREATE_ERRORS["capacity"])
         with _faults_locked(self._state_dir) as path:
             overrides = _read_fault_overrides(path)
             remaining = int(overrides.get("fail_creates", 0))
             if remaining > 0:
                 _write_json(path, {**overrides, "fail_creates": remaining - 1})
-                raise CapacityUnavailable(
-                    "injected create failure (fail_creates)", provider=self.name
-                )
-        rate = self._faults().create_failure_rate
+                raise error("injected create failure (fail_creates)", self.name)
+        rate = faults.create_failure_rate
         if rate > 0 and self._rng.random() < rate:
-            raise CapacityUnavailable(
-                f"injected create failure (create_failure_rate {rate})", provider=self.name
-            )
+            raise error(f"injected create failure (create_failure_rate {rate})", self.name)
 
     def _offer(self, offer: LocalOffer, active: int) -> Offer:
         return Offer(

@@ -137,6 +137,9 @@ class LocalFaults(_Strict):
         0, ge=0, le=1, description="Probability that a create fails with CapacityUnavailable."
     )
     api_latency_seconds: float = Field(0, ge=0, le=60, description="Delay added to every call.")
+    create_error: Literal["capacity", "transient", "rate_limited", "auth"] = Field(
+        "capacity", description="The error class an injected create failure raises."
+    )
 
 
 class LocalProviderConfig(_Strict):
@@ -299,6 +302,47 @@ class KubeletApiConfig(_Strict):
         return int(self.listen.rpartition(":")[2])
 
 
+class BudgetConfig(_Strict):
+    """Caps on what the virtual node may cost, in $/hour of running instances."""
+
+    global_per_hour: float | None = Field(None, ge=0, description="Cap for everything; none.")
+    namespaces: dict[str, float] = Field(
+        default_factory=dict, description="Cap per namespace ($/hour); unlisted use the default."
+    )
+    default_namespace_per_hour: float | None = Field(
+        None, ge=0, description="Cap for namespaces not listed; none means no cap."
+    )
+
+    @field_validator("namespaces")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        for namespace, cap in value.items():
+            if cap < 0:
+                raise ValueError(f"cap of namespace {namespace!r} must be zero or more")
+        return value
+
+
+class PlacementConfig(_Strict):
+    """How offers are ranked and how launch failures are handled."""
+
+    max_candidates: int = Field(5, ge=1, le=50, description="Offers tried per placement.")
+    capacity_block_seconds: float = Field(
+        120, ge=0, description="How long an offer that reported no capacity is skipped."
+    )
+    auth_block_seconds: float = Field(
+        600, ge=0, description="How long a provider that refused credentials is skipped."
+    )
+    breaker_threshold: int = Field(
+        5, ge=1, le=100, description="Consecutive provider failures that open its breaker."
+    )
+    breaker_cooldown_seconds: float = Field(
+        30, gt=0, le=3600, description="How long an open breaker waits before probing."
+    )
+    low_availability_penalty: float = Field(0.05, ge=0, le=1, description="Price penalty.")
+    startup_penalty_per_minute: float = Field(0.01, ge=0, le=1, description="Price penalty.")
+    failure_penalty: float = Field(0.10, ge=0, le=1, description="Per recent failure.")
+
+
 class AgentConfig(_Strict):
     node: NodeConfig = Field(default_factory=NodeConfig, description="The virtual node.")
     providers: list[ProviderConfig] = Field(description="Provider adapters, at least one.")
@@ -307,6 +351,10 @@ class AgentConfig(_Strict):
         default_factory=KubeletApiConfig, description="The kubelet API (logs)."
     )
     workers: int = Field(16, ge=1, le=256, description="Pods synchronised concurrently.")
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, description="Spending caps.")
+    placement: PlacementConfig = Field(
+        default_factory=PlacementConfig, description="Ranking and failover."
+    )
 
     @model_validator(mode="after")
     def _unique_providers(self) -> AgentConfig:

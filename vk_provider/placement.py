@@ -1,11 +1,13 @@
 """Choosing where a pod runs: a pure function from a request and offers to ranked candidates.
 
-``place()`` applies hard filters in a fixed order and ranks what is left by price per hour,
-cheapest first, ties broken by provider priority and then the offer key, so the same input
-always gives the same answer. When nothing fits, the result says which filter removed how
-many offers, so the pod's Event can say why.
+``place()`` applies hard filters in a fixed order (``FILTERS``) and ranks what is left by
+price per hour after penalties — low availability, slow start-up, recent provider failures
+(``PlacementPolicy``) — cheapest first; ties are broken by raw price, provider priority and
+the offer key, so the same input always gives the same answer. When nothing fits, the
+result says which filter removed how many offers, so the pod's Event can say why.
 
-Invariants: no I/O, no clock. Blocked offers (recent failures) are passed in as data.
+Invariants: no I/O, no clock. Provider health, blocked offers and the budget are passed in
+as data; every candidate satisfies every hard constraint, including the budget.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from providers.models import Offer, WorkloadSpec
+from vk_provider.budget import BudgetView
 
 ANNOTATION_PREFIX = "vk-provider.io/"
 MAX_PRICE = ANNOTATION_PREFIX + "max-price"
@@ -106,11 +109,54 @@ FILTERS: tuple[str, ...] = (
     "capacity-type",
     "price",
     "sold-out",
+    "provider-health",
     "blocked",
+    "budget",
 )
 
 
-def _passes(name: str, request: PlacementRequest, offer: Offer, blocked: frozenset[str]) -> bool:
+@dataclass(frozen=True, slots=True)
+class ProviderHealth:
+    """What placement knows of a provider: may it be called, and how often it failed lately."""
+
+    callable: bool = True
+    recent_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementPolicy:
+    """Penalties, as fractions of the price, that make a cheap but risky offer rank lower."""
+
+    low_availability_penalty: float = 0.05  # the offer's last instance
+    startup_penalty_per_minute: float = 0.01
+    startup_penalty_cap: float = 0.20
+    failure_penalty: float = 0.10  # per recent provider failure
+    failure_penalty_cap: float = 0.50
+
+
+def score(offer: Offer, health: ProviderHealth, policy: PlacementPolicy) -> float:
+    """The price per hour after penalties; lower is better."""
+    penalty = 0.0
+    if offer.available <= 1:
+        penalty += policy.low_availability_penalty
+    penalty += min(
+        offer.startup_seconds / 60.0 * policy.startup_penalty_per_minute, policy.startup_penalty_cap
+    )
+    penalty += min(health.recent_failures * policy.failure_penalty, policy.failure_penalty_cap)
+    return offer.price_per_hour * (1.0 + penalty)
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    blocked: frozenset[str]
+    health: Mapping[str, ProviderHealth]
+    budget: BudgetView | None
+
+
+_HEALTHY = ProviderHealth()
+
+
+def _passes(name: str, request: PlacementRequest, offer: Offer, ctx: _Context) -> bool:
     if name == "provider":
         return not request.providers or offer.provider in request.providers
     if name == "gpu-count":
@@ -138,8 +184,12 @@ def _passes(name: str, request: PlacementRequest, offer: Offer, blocked: frozens
         return limit is None or offer.price_per_hour <= limit
     if name == "sold-out":
         return offer.available > 0
+    if name == "provider-health":
+        return ctx.health.get(offer.provider, _HEALTHY).callable
     if name == "blocked":
-        return offer.key not in blocked and offer.provider not in blocked
+        return offer.key not in ctx.blocked and offer.provider not in ctx.blocked
+    if name == "budget":
+        return ctx.budget is None or ctx.budget.allows(offer.price_per_hour)
     raise AssertionError(name)
 
 
@@ -154,6 +204,11 @@ class Placement:
     def fits(self) -> bool:
         return bool(self.candidates)
 
+    @property
+    def budget_limited(self) -> bool:
+        """Nothing fits only because of a budget cap (BudgetExceeded, not NoCapacity)."""
+        return not self.candidates and dict(self.removed).get("budget", 0) > 0
+
     def explain(self) -> str:
         parts = [f"{count} by {name}" for name, count in self.removed if count]
         return ", ".join(parts) if parts else "no offers known"
@@ -164,15 +219,24 @@ def place(
     offers: Iterable[Offer],
     *,
     blocked: frozenset[str] = frozenset(),
+    health: Mapping[str, ProviderHealth] | None = None,
+    budget: BudgetView | None = None,
     priorities: Mapping[str, int] | None = None,
+    policy: PlacementPolicy = PlacementPolicy(),  # frozen, so one shared default is safe
 ) -> Placement:
     """Filter ``offers`` by ``request`` and rank them; see the module docstring."""
+    ctx = _Context(blocked=blocked, health=health or {}, budget=budget)
     remaining: Sequence[Offer] = list(offers)
     removed: list[tuple[str, int]] = []
     for name in FILTERS:
-        kept = [o for o in remaining if _passes(name, request, o, blocked)]
+        kept = [o for o in remaining if _passes(name, request, o, ctx)]
         removed.append((name, len(remaining) - len(kept)))
         remaining = kept
     prio = priorities or {}
-    ranked = sorted(remaining, key=lambda o: (o.price_per_hour, -prio.get(o.provider, 0), o.key))
-    return Placement(candidates=tuple(ranked), removed=tuple(removed))
+    states = ctx.health
+
+    def rank(offer: Offer) -> tuple[float, float, int, str]:
+        value = score(offer, states.get(offer.provider, _HEALTHY), policy)
+        return (value, offer.price_per_hour, -prio.get(offer.provider, 0), offer.key)
+
+    return Placement(candidates=tuple(sorted(remaining, key=rank)), removed=tuple(removed))

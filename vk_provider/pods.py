@@ -23,28 +23,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from providers.contract import Provider
 from providers.errors import (
-    AuthFailed,
-    CapacityUnavailable,
-    InvalidSpec,
     NotFound,
     ProviderError,
-    RateLimited,
 )
 from providers.models import Instance, InstanceState, Offer, WorkloadSpec
 from vk_provider import events
 from vk_provider.events import EventRecorder
 from vk_provider.instances import InstanceTracker
 from vk_provider.kube import JSON, ApiError, ConflictError, GoneError, KubeClient
+from vk_provider.launch import Launcher, LaunchResult
 from vk_provider.offers import OfferBook
-from vk_provider.placement import InvalidRequest, Placement, PlacementRequest, place
+from vk_provider.placement import InvalidRequest, PlacementRequest
 from vk_provider.podstatus import (
     ContainerView,
     Running,
@@ -65,7 +61,6 @@ ANN_PRICE = "vk-provider.io/price-per-hour"
 
 PodKey = tuple[str, str]  # (namespace, name)
 
-MAX_CANDIDATES = 5  # launch attempts per sync, walking the ranked offers
 MAX_BACKOFF = 300.0
 
 
@@ -87,6 +82,7 @@ class _PodMemory:
     provider: str | None = None
     instance_id: str | None = None
     retries: int = 0
+    prefer: str | None = None  # offer key to retry first after a 429 / 5xx
 
 
 def backoff(base: float, attempt: int) -> float:
@@ -122,10 +118,9 @@ class PodController:
         providers: Mapping[str, Provider],
         offers: OfferBook,
         recorder: EventRecorder,
+        launcher: Launcher,
         timings: PodTimings,
         workers: int,
-        priorities: Mapping[str, int] | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kube = kube
         self._node = node_name
@@ -135,13 +130,13 @@ class PodController:
         self._events = recorder
         self._timings = timings
         self._workers = workers
-        self._priorities = dict(priorities or {})
-        self._clock = clock
+        self._launcher = launcher
+        self._ledger = launcher.ledger
         self.queue: WorkQueue[PodKey] = WorkQueue()
         self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
         self._memory: dict[PodKey, _PodMemory] = {}
         self._uid_keys: dict[str, PodKey] = {}
-        self._blocked: dict[str, float] = {}  # offer key or provider name -> until (clock)
+        self._waiting: set[PodKey] = set()  # unplaceable pods, kicked when room appears
         self.watch_live = asyncio.Event()
 
     # ------------------------------------------------------------------ feeding the queue
@@ -163,8 +158,34 @@ class PodController:
         if ANN_INSTANCE in annotations:
             memory.provider = annotations.get(ANN_PROVIDER)
             memory.instance_id = annotations[ANN_INSTANCE]
+        self._account(pod)
         self._uid_keys[uid] = key
         self.queue.add(key)
+
+    def _account(self, pod: JSON) -> None:
+        """Keep the budget ledger equal to what the pods' annotations say runs.
+
+        Called for every observed pod, so after a restart the ledger is rebuilt from the
+        API before any new placement can be made against it.
+        """
+        metadata = _meta(pod)
+        uid = str(metadata.get("uid", ""))
+        annotations = _annotations(pod)
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            if self._ledger.release(uid):
+                self._room_appeared()
+            return
+        if ANN_PROVIDER in annotations and ANN_PRICE in annotations:
+            try:
+                price = float(annotations[ANN_PRICE])
+            except ValueError:
+                return
+            self._ledger.commit(
+                uid,
+                namespace=str(metadata.get("namespace")),
+                provider=annotations[ANN_PROVIDER],
+                price=price,
+            )
 
     async def watch_loop(self) -> None:
         """List, then watch from the list's version; re-list on 410 or a dropped watch."""
@@ -234,6 +255,7 @@ class PodController:
         if phase in ("Succeeded", "Failed"):
             await self._release(pod)
             return
+        self._account(pod)
         annotations = _annotations(pod)
         provider_name = annotations.get(ANN_PROVIDER)
         instance_id = annotations.get(ANN_INSTANCE)
@@ -262,10 +284,13 @@ class PodController:
     async def _forget(self, key: PodKey) -> None:
         """The pod is gone from the API (e.g. force-deleted): its instance must go too."""
         memory = self._memory.pop(key, None)
+        self._waiting.discard(key)
         if memory is None:
             return
         self._uid_keys.pop(memory.uid, None)
         self._events.forget(memory.uid)
+        if self._ledger.release(memory.uid):
+            self._room_appeared()
         if memory.provider in self._providers and memory.instance_id:
             try:
                 await self._providers[memory.provider].delete(memory.instance_id, grace_seconds=0)
@@ -310,8 +335,11 @@ class PodController:
             str(metadata["namespace"]), str(metadata["name"]), uid=str(metadata["uid"])
         )
         self._memory.pop(key, None)
+        self._waiting.discard(key)
         self._uid_keys.pop(str(metadata.get("uid")), None)
         self._events.forget(str(metadata.get("uid")))
+        if self._ledger.release(str(metadata.get("uid"))):
+            self._room_appeared()
 
     async def _release(self, pod: JSON) -> None:
         """A terminal pod keeps no instance running.
@@ -327,17 +355,10 @@ class PodController:
             with contextlib.suppress(NotFound):
                 await provider.get(instance_id)
                 await provider.delete(instance_id, grace_seconds=0)
+        if self._ledger.release(str(_meta(pod).get("uid", ""))):
+            self._room_appeared()
 
     # ------------------------------------------------------------------ placement and create
-
-    def _blocked_now(self) -> frozenset[str]:
-        now = self._clock()
-        for key in [k for k, until in self._blocked.items() if until <= now]:
-            del self._blocked[key]
-        return frozenset(self._blocked)
-
-    def block(self, key: str, seconds: float) -> None:
-        self._blocked[key] = max(self._blocked.get(key, 0.0), self._clock() + seconds)
 
     @staticmethod
     def _container(pod: JSON) -> str:
@@ -440,91 +461,87 @@ class PodController:
             await self._invalid(pod, exc.field, str(exc))
             return
         offers = await self._offers.offers()
-        placement = place(request, offers, blocked=self._blocked_now(), priorities=self._priorities)
-        if not placement.fits:
-            await self._no_capacity(key, pod, memory, placement, request)
+        result = await self._launcher.launch(spec, request, offers, prefer=memory.prefer)
+        for attempt in result.attempts:
+            await self._events.record(
+                pod,
+                "Warning",
+                events.PROVIDER_CREATE_FAILED,
+                f"{attempt.offer.provider} refused offer {attempt.offer.sku} in "
+                f"{attempt.offer.region}: {type(attempt.error).__name__}: {attempt.error}",
+            )
+        if result.instance is not None and result.offer is not None:
+            self._waiting.discard(key)
+            memory.retries = 0
+            memory.prefer = None
+            await self._announce(pod, result, len(offers))
+            await self._adopt(pod, memory, result.instance, result.offer)
             return
-        await self._launch(key, pod, memory, spec, placement, len(offers))
+        if result.invalid is not None:
+            await self._invalid(pod, result.invalid.field, str(result.invalid))
+            return
+        if result.retry_after is not None:
+            # 429 / 5xx: the same candidate again, after Retry-After or our back-off.
+            memory.prefer = result.attempts[-1].offer.key if result.attempts else None
+            delay = result.retry_after or backoff(
+                self._timings.retry_backoff_seconds, memory.retries
+            )
+            memory.retries += 1
+            self.queue.add_after(key, delay)
+            return
+        await self._unplaceable(key, pod, memory, result, request)
 
-    async def _no_capacity(
+    async def _announce(self, pod: JSON, result: LaunchResult, offers_seen: int) -> None:
+        offer = result.offer
+        assert offer is not None
+        skipped = [f"{a.offer.key}: {type(a.error).__name__}" for a in result.attempts]
+        ranked = [o for o in result.placement.candidates if o.key != offer.key]
+        cheaper = [o for o in ranked if o.price_per_hour < offer.price_per_hour]
+        why = f" ({'; '.join(skipped)})" if skipped else ""
+        gpu = f"{offer.gpu_count}x {offer.gpu_model}" if offer.gpu_model else "no GPU"
+        await self._events.record(
+            pod,
+            "Normal",
+            events.PROVIDER_SELECTED,
+            f"placed on {offer.provider} offer {offer.sku} ({gpu}) in {offer.region} at "
+            f"${offer.price_per_hour:.4f}/h; {len(cheaper)} cheaper offer(s) skipped{why}; "
+            f"{offers_seen} offer(s) considered, removed {result.placement.explain()}",
+        )
+
+    async def _unplaceable(
         self,
         key: PodKey,
         pod: JSON,
         memory: _PodMemory,
-        placement: Placement,
+        result: LaunchResult,
         request: PlacementRequest,
     ) -> None:
+        self._waiting.add(key)
         delay = self._retry_later(key, memory)
         wanted = f"{request.gpu_count} GPU" + (
             f" ({','.join(request.gpu_models)})" if request.gpu_models else ""
         )
-        message = (
-            f"no offer fits {wanted}: offers removed {placement.explain()}; "
-            f"retrying in {delay:.0f}s"
-        )
-        await self._events.record(pod, "Warning", events.NO_CAPACITY, message)
+        if result.budget_limited:
+            reason = events.BUDGET_EXCEEDED
+            message = (
+                f"launching {wanted} would exceed a budget cap "
+                f"(offers removed {result.placement.explain()}); retrying in {delay:.0f}s"
+            )
+        else:
+            reason = events.NO_CAPACITY
+            tried = f"; {len(result.attempts)} launch(es) failed" if result.attempts else ""
+            message = (
+                f"no offer fits {wanted}: offers removed {result.placement.explain()}{tried}; "
+                f"retrying in {delay:.0f}s"
+            )
+        await self._events.record(pod, "Warning", reason, message)
         await self._write_status(pod, self._waiting_view(pod, "ContainerCreating", message))
 
-    async def _launch(
-        self,
-        key: PodKey,
-        pod: JSON,
-        memory: _PodMemory,
-        spec: WorkloadSpec,
-        placement: Placement,
-        offers_seen: int,
-    ) -> None:
-        skipped: list[str] = []
-        for offer in placement.candidates[:MAX_CANDIDATES]:
-            provider = self._providers[offer.provider]
-            try:
-                instance = await provider.create(spec, offer)
-            except CapacityUnavailable as exc:
-                self.block(offer.key, self._timings.capacity_block_seconds)
-                skipped.append(f"{offer.key}: no capacity")
-                await self._create_failed(pod, offer, exc)
-                continue
-            except AuthFailed as exc:
-                self.block(offer.provider, self._timings.instance_lost_cooldown_seconds)
-                skipped.append(f"{offer.provider}: refused credentials")
-                await self._create_failed(pod, offer, exc)
-                continue
-            except InvalidSpec as exc:
-                await self._invalid(pod, exc.field, str(exc))
-                return
-            except RateLimited as exc:
-                await self._create_failed(pod, offer, exc)
-                self.queue.add_after(key, exc.retry_after or self._retry_later(key, memory))
-                return
-            except ProviderError as exc:  # Transient and anything unclassified: retry later
-                await self._create_failed(pod, offer, exc)
-                self._retry_later(key, memory)
-                return
-            await self._adopt(pod, memory, instance, offer)
-            cheaper = len(skipped)
-            why = f" ({'; '.join(skipped)})" if skipped else ""
-            gpu = f"{offer.gpu_count}x {offer.gpu_model}" if offer.gpu_model else "no GPU"
-            await self._events.record(
-                pod,
-                "Normal",
-                events.PROVIDER_SELECTED,
-                f"placed on {offer.provider} offer {offer.sku} ({gpu}) in {offer.region} at "
-                f"${offer.price_per_hour:.4f}/h; {cheaper} cheaper offer(s) skipped{why}; "
-                f"{offers_seen} offer(s) considered",
-            )
-            memory.retries = 0
-            self.queue.add_after(key, self._timings.status_poll_seconds)
-            return
-        await self._no_capacity(key, pod, memory, placement, PlacementRequest())
-
-    async def _create_failed(self, pod: JSON, offer: Offer, exc: ProviderError) -> None:
-        await self._events.record(
-            pod,
-            "Warning",
-            events.PROVIDER_CREATE_FAILED,
-            f"{offer.provider} refused offer {offer.sku} in {offer.region}: "
-            f"{type(exc).__name__}: {exc}",
-        )
+    def _room_appeared(self) -> None:
+        """An instance ended or a pod left: pods waiting for capacity or budget try again."""
+        waiting, self._waiting = self._waiting, set()
+        for key in waiting:
+            self.queue.add(key)
 
     async def _adopt(self, pod: JSON, memory: _PodMemory, instance: Instance, offer: Offer) -> None:
         namespace, name = _key(pod)
@@ -551,7 +568,7 @@ class PodController:
     ) -> None:
         offer_key = annotations.get(ANN_OFFER, "")
         if offer_key:
-            self.block(offer_key, self._timings.instance_lost_cooldown_seconds)
+            self._launcher.block(offer_key, self._timings.instance_lost_cooldown_seconds)
         message = (
             f"instance {annotations.get(ANN_INSTANCE)} on {provider_name} was lost: {why}; "
             f"offer {offer_key or '?'} avoided for "

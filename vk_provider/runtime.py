@@ -23,8 +23,11 @@ from typing import Any
 
 from providers.contract import Provider
 from providers.local import LocalProvider
+from vk_provider.breaker import CircuitBreaker
+from vk_provider.budget import BudgetCaps, BudgetLedger
 from vk_provider.config import AgentConfig, LocalProviderConfig
 from vk_provider.events import EventRecorder
+from vk_provider.guarded import GuardedProvider
 from vk_provider.kube import KubeClient
 from vk_provider.kubelet_backend import (
     PodLogSource,
@@ -36,9 +39,11 @@ from vk_provider.kubeletapi import (
     build_server_ssl_context,
     ensure_serving_certificate,
 )
+from vk_provider.launch import Launcher, LaunchSettings
 from vk_provider.localcluster.cluster import state_root
 from vk_provider.node import NodeController, default_address
 from vk_provider.offers import OfferBook
+from vk_provider.placement import PlacementPolicy, ProviderHealth
 from vk_provider.pods import PodController, PodTimings
 
 log = logging.getLogger(__name__)
@@ -52,11 +57,38 @@ class AgentFailed(RuntimeError):
 
 
 def build_providers(config: AgentConfig, *, state_dir: Path) -> dict[str, Provider]:
+    """One adapter per configured provider (adapters of other types join in their issues)."""
     providers: dict[str, Provider] = {}
     for entry in config.providers:
         if isinstance(entry, LocalProviderConfig):
             providers[entry.name] = LocalProvider(entry, state_dir=state_dir / "local" / entry.name)
+        else:
+            raise ValueError(f"provider {entry.name!r}: type {entry.type!r} is not available yet")
     return providers
+
+
+def guard(providers: Mapping[str, Provider], config: AgentConfig) -> dict[str, GuardedProvider]:
+    settings = config.placement
+    return {
+        name: GuardedProvider(
+            provider,
+            CircuitBreaker(
+                threshold=settings.breaker_threshold,
+                cooldown_seconds=settings.breaker_cooldown_seconds,
+            ),
+        )
+        for name, provider in providers.items()
+    }
+
+
+def health_of(providers: Mapping[str, GuardedProvider]) -> dict[str, ProviderHealth]:
+    return {
+        name: ProviderHealth(
+            callable=provider.breaker.allows_calls(),
+            recent_failures=provider.breaker.recent_failures(),
+        )
+        for name, provider in providers.items()
+    }
 
 
 @dataclass
@@ -76,7 +108,8 @@ class Agent:
         cls, config: AgentConfig, kube: KubeClient, *, state_dir: Path | None = None
     ) -> Agent:
         state = state_dir or state_root() / "agent" / config.node.name
-        providers = build_providers(config, state_dir=state)
+        guarded = guard(build_providers(config, state_dir=state), config)
+        providers: dict[str, Provider] = dict(guarded)
         intervals = config.intervals
         offers = OfferBook(providers, ttl_seconds=intervals.offers_ttl_seconds)
         api_cfg = config.kubelet_api
@@ -101,6 +134,31 @@ class Agent:
             logs=PodLogSource(kube, providers, node_name=config.node.name),
         )
         recorder = EventRecorder(kube, node_name=config.node.name)
+        budget = config.budget
+        ledger = BudgetLedger(
+            BudgetCaps(
+                global_per_hour=budget.global_per_hour,
+                per_namespace=budget.namespaces,
+                default_namespace_per_hour=budget.default_namespace_per_hour,
+            )
+        )
+        placement = config.placement
+        launcher = Launcher(
+            providers,
+            ledger,
+            settings=LaunchSettings(
+                max_candidates=placement.max_candidates,
+                capacity_block_seconds=placement.capacity_block_seconds,
+                auth_block_seconds=placement.auth_block_seconds,
+                policy=PlacementPolicy(
+                    low_availability_penalty=placement.low_availability_penalty,
+                    startup_penalty_per_minute=placement.startup_penalty_per_minute,
+                    failure_penalty=placement.failure_penalty,
+                ),
+            ),
+            health=lambda: health_of(guarded),
+            priorities={p.name: p.priority for p in config.providers},
+        )
         pods = PodController(
             kube,
             node_name=config.node.name,
@@ -108,6 +166,7 @@ class Agent:
             providers=providers,
             offers=offers,
             recorder=recorder,
+            launcher=launcher,
             timings=PodTimings(
                 status_poll_seconds=intervals.pod_status_seconds,
                 restart_backoff_seconds=intervals.restart_backoff_seconds,
@@ -115,7 +174,6 @@ class Agent:
                 instance_lost_cooldown_seconds=intervals.instance_lost_cooldown_seconds,
             ),
             workers=config.workers,
-            priorities={p.name: p.priority for p in config.providers},
         )
         node = NodeController(
             kube,

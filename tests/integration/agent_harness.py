@@ -113,6 +113,8 @@ class AgentHarness:
         intervals: dict[str, Any] | None = None,
         node: dict[str, Any] | None = None,
         kubeconfig: Path | None = None,
+        placement: dict[str, Any] | None = None,
+        budget: dict[str, Any] | None = None,
         start: bool = True,
     ) -> AgentProcess:
         node_name = f"vk-{uuid.uuid4().hex[:8]}"
@@ -139,6 +141,10 @@ class AgentHarness:
                 for p in entries
             ],
         }
+        if placement:
+            config["placement"] = placement
+        if budget:
+            config["budget"] = budget
         provider_entries = list(config["providers"])
         config_path = root / "agent.yaml"
         config_path.write_text(yaml.safe_dump(config))

@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from providers.contract import Provider
-from providers.errors import CapacityUnavailable, InvalidSpec, NotFound
+from providers.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    RateLimited,
+    Transient,
+)
 from providers.local import (
     INSTANCE_FILE,
     LocalProvider,
@@ -517,6 +524,25 @@ async def test_fail_creates_fails_the_next_n_creates(
             await provider.create(make_spec(SLEEP), cpu)
     assert json.loads((state_dir / "faults.json").read_text())["fail_creates"] == 0
     assert (await provider.create(make_spec(SLEEP), cpu)).instance_id == "local-pod-1-0"
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"),
+    [
+        ("capacity", CapacityUnavailable),
+        ("transient", Transient),
+        ("rate_limited", RateLimited),
+        ("auth", AuthFailed),
+    ],
+)
+async def test_injected_create_failures_take_the_chosen_class(
+    provider: LocalProvider, state_dir: Path, kind: str, error: type[Exception]
+) -> None:
+    set_faults(state_dir, fail_creates=1, create_error=kind)
+    with pytest.raises(error, match="injected"):
+        await provider.create(make_spec(SLEEP), await offer(provider))
+    with pytest.raises(ValueError, match="create_error"):
+        set_faults(state_dir, create_error="meteor")
 
 
 async def test_create_failure_rate_uses_the_injected_random(state_dir: Path) -> None:

@@ -1,0 +1,171 @@
+"""Launching a pod's workload: placement, budget reservation and failover across offers.
+
+``Launcher.launch`` ranks the offers with ``place()`` (pure) and walks the candidates, at most
+``max_candidates`` of them, reserving each one's price in the budget ledger before calling
+the provider. The outcome is data (``LaunchResult``) that the pod controller turns into
+annotations, status and Events; every failed attempt is listed in it.
+
+Failover rules (PRODUCT.md §7), one per error class:
+
+| error | effect |
+|---|---|
+| ``CapacityUnavailable`` | block the (provider, sku, region) a while; next candidate |
+| ``AuthFailed`` | block the provider for ``auth_block_seconds``; next candidate |
+| ``InvalidSpec`` | stop: the request can never succeed as is |
+| ``RateLimited`` / ``Transient`` | stop and retry later on the same candidate (``retry_after``) |
+
+Invariants: a reservation is released whenever its create fails, so the ledger only ever
+holds launched or launching pods; blocked entries expire by the injected clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from providers.contract import Provider
+from providers.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    ProviderError,
+    RateLimited,
+)
+from providers.models import Instance, Offer, WorkloadSpec
+from vk_provider.budget import BudgetLedger
+from vk_provider.placement import (
+    Placement,
+    PlacementPolicy,
+    PlacementRequest,
+    ProviderHealth,
+    place,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSettings:
+    max_candidates: int = 5
+    capacity_block_seconds: float = 120.0
+    auth_block_seconds: float = 600.0
+    policy: PlacementPolicy = field(default_factory=PlacementPolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    offer: Offer
+    error: ProviderError
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchResult:
+    """Exactly one of: launched, no fit, invalid, or retry later; plus the failed attempts."""
+
+    placement: Placement
+    attempts: tuple[Attempt, ...] = ()
+    instance: Instance | None = None
+    offer: Offer | None = None
+    invalid: InvalidSpec | None = None
+    retry_after: float | None = None  # set for RateLimited / Transient: same candidate later
+    budget_skipped: int = 0  # candidates a concurrent placement priced out meanwhile
+
+    @property
+    def launched(self) -> bool:
+        return self.instance is not None
+
+    @property
+    def budget_limited(self) -> bool:
+        """Nothing launched because a budget cap would be exceeded."""
+        if self.launched or self.invalid or self.retry_after is not None:
+            return False
+        return self.placement.budget_limited or (self.budget_skipped > 0 and not self.attempts)
+
+
+class Launcher:
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        ledger: BudgetLedger,
+        *,
+        settings: LaunchSettings,
+        health: Callable[[], Mapping[str, ProviderHealth]],
+        priorities: Mapping[str, int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._providers = dict(providers)
+        self.ledger = ledger
+        self._settings = settings
+        self._health = health
+        self._priorities = dict(priorities or {})
+        self._clock = clock
+        self._blocked: dict[str, float] = {}  # offer key or provider name -> until
+
+    def block(self, key: str, seconds: float) -> None:
+        self._blocked[key] = max(self._blocked.get(key, 0.0), self._clock() + seconds)
+
+    def blocked(self) -> frozenset[str]:
+        now = self._clock()
+        for key in [k for k, until in self._blocked.items() if until <= now]:
+            del self._blocked[key]
+        return frozenset(self._blocked)
+
+    def rank(
+        self, request: PlacementRequest, offers: list[Offer], *, namespace: str, uid: str
+    ) -> Placement:
+        return place(
+            request,
+            offers,
+            blocked=self.blocked(),
+            health=self._health(),
+            budget=self.ledger.view(namespace, excluding=uid),
+            priorities=self._priorities,
+            policy=self._settings.policy,
+        )
+
+    async def launch(
+        self,
+        spec: WorkloadSpec,
+        request: PlacementRequest,
+        offers: list[Offer],
+        *,
+        prefer: str | None = None,
+    ) -> LaunchResult:
+        placement = self.rank(request, offers, namespace=spec.namespace, uid=spec.pod_uid)
+        candidates = list(placement.candidates)
+        if prefer:
+            # Retrying after a 429/5xx: the same candidate first, if it still qualifies.
+            candidates.sort(key=lambda o: o.key != prefer)
+        attempts: list[Attempt] = []
+        budget_skipped = 0
+        for offer in candidates[: self._settings.max_candidates]:
+            if not self.ledger.reserve(
+                spec.pod_uid,
+                namespace=spec.namespace,
+                provider=offer.provider,
+                price=offer.price_per_hour,
+            ):
+                budget_skipped += 1  # a concurrent placement took the room meanwhile
+                continue
+            try:
+                instance = await self._providers[offer.provider].create(spec, offer)
+            except ProviderError as exc:
+                self.ledger.release(spec.pod_uid)
+                attempts.append(Attempt(offer, exc))
+                if isinstance(exc, CapacityUnavailable):
+                    self.block(offer.key, self._settings.capacity_block_seconds)
+                    continue
+                if isinstance(exc, AuthFailed):
+                    self.block(offer.provider, self._settings.auth_block_seconds)
+                    continue
+                if isinstance(exc, InvalidSpec):
+                    return LaunchResult(placement, tuple(attempts), invalid=exc)
+                wait = exc.retry_after if isinstance(exc, RateLimited) else None
+                return LaunchResult(placement, tuple(attempts), retry_after=wait or 0.0)
+            self.ledger.commit(
+                spec.pod_uid,
+                namespace=spec.namespace,
+                provider=offer.provider,
+                price=offer.price_per_hour,
+            )
+            return LaunchResult(placement, tuple(attempts), instance=instance, offer=offer)
+        return LaunchResult(placement, tuple(attempts), budget_skipped=budget_skipped)
