@@ -274,16 +274,10 @@ class IntervalsConfig(_Strict):
     )
 
 
-class KubeletApiConfig(_Strict):
-    listen: str = Field("0.0.0.0:10250", description="host:port of the kubelet API (TLS).")
-    tls_cert_file: Path | None = Field(
-        None, description="Serving certificate; a self-signed one is made when absent."
-    )
-    tls_key_file: Path | None = Field(None, description="Key of the serving certificate.")
-    client_ca_file: Path | None = Field(
-        None,
-        description="CA for client certificates; default the in-cluster service-account CA.",
-    )
+class _Listener(_Strict):
+    """A server's ``listen: host:port`` (port 0 picks a free one)."""
+
+    listen: str
 
     @field_validator("listen")
     @classmethod
@@ -300,6 +294,30 @@ class KubeletApiConfig(_Strict):
     @property
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
+
+class KubeletApiConfig(_Listener):
+    listen: str = Field("0.0.0.0:10250", description="host:port of the kubelet API (TLS).")
+    tls_cert_file: Path | None = Field(
+        None, description="Serving certificate; a self-signed one is made when absent."
+    )
+    tls_key_file: Path | None = Field(None, description="Key of the serving certificate.")
+    client_ca_file: Path | None = Field(
+        None,
+        description="CA for client certificates; default the in-cluster service-account CA.",
+    )
+
+
+class RestApiConfig(_Listener):
+    """The REST API (provider status, offers, pods, spend, metrics)."""
+
+    listen: str = Field("0.0.0.0:8080", description="host:port of the REST API (HTTP).")
+    static_token: SecretRef | None = Field(
+        None,
+        description="Development: a bearer token, by reference. Without it, tokens are "
+        "checked with a Kubernetes TokenReview.",
+    )
+    open_metrics: bool = Field(True, description="Serve /metrics without a token.")
 
 
 class BudgetConfig(_Strict):
@@ -352,6 +370,7 @@ class AgentConfig(_Strict):
     )
     workers: int = Field(16, ge=1, le=256, description="Pods synchronised concurrently.")
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="Spending caps.")
+    rest: RestApiConfig = Field(default_factory=RestApiConfig, description="The REST API.")
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Ranking and failover."
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 from providers.contract import Provider
@@ -27,10 +28,12 @@ class InstanceTracker:
         providers: Mapping[str, Provider],
         *,
         on_change: Callable[[str], None],
+        on_poll: Callable[[float], None] = lambda _seconds: None,
         timeout_seconds: float = 20.0,
     ) -> None:
         self._providers = dict(providers)
         self._on_change = on_change
+        self._on_poll = on_poll
         self._timeout = timeout_seconds
         self._snapshots: dict[str, dict[str, Instance]] = {name: {} for name in providers}
         self._fresh: dict[str, bool] = {name: False for name in providers}
@@ -70,7 +73,9 @@ class InstanceTracker:
             self._on_change(uid)
 
     async def poll(self) -> None:
+        started = time.monotonic()
         await asyncio.gather(*(self._poll_one(name) for name in self._providers))
+        self._on_poll(time.monotonic() - started)
 
     async def run(self, interval: float) -> None:
         while True:

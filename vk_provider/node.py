@@ -187,7 +187,9 @@ class NodeController:
         lease_duration_seconds: int,
         status_seconds: float,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        on_lease_failure: Callable[[], None] = lambda: None,
     ) -> None:
+        self._on_lease_failure = on_lease_failure
         self._kube = kube
         self._config = config
         self._offers = offers
@@ -297,9 +299,12 @@ class NodeController:
             await asyncio.sleep(self._lease_seconds)
             try:
                 await self._offers.offers()  # keeps provider answers fresh
-                await self.renew_lease()
+                renewed = await self.renew_lease()
             except Exception:  # a failed renewal is retried next period, never fatal
                 log.exception("node Lease renewal failed")
+                renewed = False
+            if not renewed:
+                self._on_lease_failure()
 
     async def run_status_loop(self) -> None:
         while True:

@@ -39,6 +39,7 @@ from vk_provider.events import EventRecorder
 from vk_provider.instances import InstanceTracker
 from vk_provider.kube import JSON, ApiError, ConflictError, GoneError, KubeClient
 from vk_provider.launch import Launcher, LaunchResult
+from vk_provider.metrics import Metrics
 from vk_provider.offers import OfferBook
 from vk_provider.placement import InvalidRequest, PlacementRequest
 from vk_provider.podstatus import (
@@ -50,6 +51,7 @@ from vk_provider.podstatus import (
     status_changed,
 )
 from vk_provider.translate import InvalidPodSpec, references, to_workload
+from vk_provider.view import PodPlacement
 from vk_provider.workqueue import QueueClosed, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,7 @@ class PodController:
         launcher: Launcher,
         timings: PodTimings,
         workers: int,
+        metrics: Metrics | None = None,
     ) -> None:
         self._kube = kube
         self._node = node_name
@@ -132,11 +135,17 @@ class PodController:
         self._workers = workers
         self._launcher = launcher
         self._ledger = launcher.ledger
+        self._metrics = metrics or Metrics()
         self.queue: WorkQueue[PodKey] = WorkQueue()
-        self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
+        self.tracker = InstanceTracker(
+            self._providers,
+            on_change=self._instance_changed,
+            on_poll=self._metrics.reconcile_duration.observe,
+        )
         self._memory: dict[PodKey, _PodMemory] = {}
         self._uid_keys: dict[str, PodKey] = {}
         self._waiting: set[PodKey] = set()  # unplaceable pods, kicked when room appears
+        self._placements: dict[PodKey, PodPlacement] = {}  # for the REST API and metrics
         self.watch_live = asyncio.Event()
 
     # ------------------------------------------------------------------ feeding the queue
@@ -161,6 +170,33 @@ class PodController:
         self._account(pod)
         self._uid_keys[uid] = key
         self.queue.add(key)
+
+    def _track(self, key: PodKey, pod: JSON) -> None:
+        """Remember where a placed, live pod runs (REST ``/v1/pods``, metrics)."""
+        annotations = _annotations(pod)
+        phase = str((pod.get("status") or {}).get("phase") or "Pending")
+        if ANN_INSTANCE not in annotations or phase in ("Succeeded", "Failed"):
+            self._placements.pop(key, None)
+            return
+        status = pod.get("status") or {}
+        try:
+            price = float(annotations.get(ANN_PRICE, "0"))
+        except ValueError:
+            price = 0.0
+        self._placements[key] = PodPlacement(
+            namespace=key[0],
+            name=key[1],
+            uid=str(_meta(pod).get("uid", "")),
+            provider=annotations.get(ANN_PROVIDER, ""),
+            instance_id=annotations[ANN_INSTANCE],
+            offer=annotations.get(ANN_OFFER, ""),
+            price_per_hour=price,
+            phase=phase,
+            since=_parse_time(status.get("startTime")),
+        )
+
+    def placements(self) -> list[PodPlacement]:
+        return list(self._placements.values())
 
     def _account(self, pod: JSON) -> None:
         """Keep the budget ledger equal to what the pods' annotations say runs.
@@ -242,12 +278,14 @@ class PodController:
         namespace, name = key
         pod = await self._kube.get_pod(namespace, name)
         if pod is None or (pod.get("spec") or {}).get("nodeName") != self._node:
+            self._placements.pop(key, None)
             await self._forget(key)
             return
         memory = self._memory.get(key)
         if memory is None or memory.uid != _meta(pod).get("uid"):
             self._observe(pod)
             memory = self._memory[key]
+        self._track(key, pod)
         if _meta(pod).get("deletionTimestamp"):
             await self._sync_deletion(key, pod)
             return
@@ -462,6 +500,7 @@ class PodController:
             return
         offers = await self._offers.offers()
         result = await self._launcher.launch(spec, request, offers, prefer=memory.prefer)
+        self._count(result)
         for attempt in result.attempts:
             await self._events.record(
                 pod,
@@ -490,6 +529,23 @@ class PodController:
             self.queue.add_after(key, delay)
             return
         await self._unplaceable(key, pod, memory, result, request)
+
+    def _count(self, result: LaunchResult) -> None:
+        for attempt in result.attempts:
+            self._metrics.launch_failures.labels(
+                attempt.offer.provider, type(attempt.error).__name__
+            ).inc()
+        if result.launched:
+            outcome = "launched"
+        elif result.invalid is not None:
+            outcome = "invalid"
+        elif result.retry_after is not None:
+            outcome = "retry"
+        elif result.budget_limited:
+            outcome = "budget_exceeded"
+        else:
+            outcome = "no_capacity"
+        self._metrics.placements.labels(outcome).inc()
 
     async def _announce(self, pod: JSON, result: LaunchResult, offers_seen: int) -> None:
         offer = result.offer

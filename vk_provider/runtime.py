@@ -41,10 +41,12 @@ from vk_provider.kubeletapi import (
 )
 from vk_provider.launch import Launcher, LaunchSettings
 from vk_provider.localcluster.cluster import state_root
+from vk_provider.metrics import Metrics
 from vk_provider.node import NodeController, default_address
 from vk_provider.offers import OfferBook
 from vk_provider.placement import PlacementPolicy, ProviderHealth
 from vk_provider.pods import PodController, PodTimings
+from vk_provider.view import AgentView, Readiness
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,9 @@ def build_providers(config: AgentConfig, *, state_dir: Path) -> dict[str, Provid
     return providers
 
 
-def guard(providers: Mapping[str, Provider], config: AgentConfig) -> dict[str, GuardedProvider]:
+def guard(
+    providers: Mapping[str, Provider], config: AgentConfig, metrics: Metrics
+) -> dict[str, GuardedProvider]:
     settings = config.placement
     return {
         name: GuardedProvider(
@@ -76,6 +80,7 @@ def guard(providers: Mapping[str, Provider], config: AgentConfig) -> dict[str, G
                 threshold=settings.breaker_threshold,
                 cooldown_seconds=settings.breaker_cooldown_seconds,
             ),
+            observe=metrics.observe_call,
         )
         for name, provider in providers.items()
     }
@@ -102,13 +107,16 @@ class Agent:
     node: NodeController
     pods: PodController
     kubelet_api: KubeletApiServer
+    metrics: Metrics
+    view: AgentView
 
     @classmethod
     async def create(
         cls, config: AgentConfig, kube: KubeClient, *, state_dir: Path | None = None
     ) -> Agent:
         state = state_dir or state_root() / "agent" / config.node.name
-        guarded = guard(build_providers(config, state_dir=state), config)
+        metrics = Metrics()
+        guarded = guard(build_providers(config, state_dir=state), config, metrics)
         providers: dict[str, Provider] = dict(guarded)
         intervals = config.intervals
         offers = OfferBook(providers, ttl_seconds=intervals.offers_ttl_seconds)
@@ -174,6 +182,7 @@ class Agent:
                 instance_lost_cooldown_seconds=intervals.instance_lost_cooldown_seconds,
             ),
             workers=config.workers,
+            metrics=metrics,
         )
         node = NodeController(
             kube,
@@ -184,8 +193,27 @@ class Agent:
             lease_seconds=intervals.lease_seconds,
             lease_duration_seconds=intervals.lease_duration_seconds,
             status_seconds=intervals.node_status_seconds,
+            on_lease_failure=metrics.lease_renewal_failures.inc,
         )
-        return cls(config, kube, providers, offers, node, pods, kubelet_api)
+
+        def readiness() -> Readiness:
+            reasons = []
+            if not node.registered.is_set():
+                reasons.append("the node is not registered yet")
+            if not pods.watch_live.is_set():
+                reasons.append("the pod watch is not live")
+            return Readiness(ready=not reasons, reasons=tuple(reasons))
+
+        view = AgentView(
+            providers=guarded,
+            provider_types={p.name: p.type for p in config.providers},
+            offers=offers,
+            ledger=ledger,
+            placements=pods.placements,
+            readiness=readiness,
+        )
+        metrics.attach(view)
+        return cls(config, kube, providers, offers, node, pods, kubelet_api, metrics, view)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set (clean exit) or a root task dies (``AgentFailed``)."""
