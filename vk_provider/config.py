@@ -269,6 +269,9 @@ class IntervalsConfig(_Strict):
     retry_backoff_seconds: float = Field(
         5, gt=0, le=300, description="First retry of an unplaceable pod; doubles up to 300 s."
     )
+    orphan_grace_seconds: float = Field(
+        20, ge=0, le=3600, description="How long an instance without a pod lives before it goes."
+    )
     instance_lost_cooldown_seconds: float = Field(
         300, ge=0, description="How long an offer whose instance was lost is avoided."
     )

@@ -37,6 +37,7 @@ class InstanceTracker:
         self._timeout = timeout_seconds
         self._snapshots: dict[str, dict[str, Instance]] = {name: {} for name in providers}
         self._fresh: dict[str, bool] = {name: False for name in providers}
+        self.polled = asyncio.Event()  # set once every provider was asked at least once
 
     def get(self, provider: str, instance_id: str) -> Instance | None:
         return self._snapshots.get(provider, {}).get(instance_id)
@@ -46,6 +47,12 @@ class InstanceTracker:
 
     def all(self) -> list[Instance]:
         return [i for snapshot in self._snapshots.values() for i in snapshot.values()]
+
+    def listed(self, provider: str) -> tuple[Instance, ...]:
+        return tuple(self._snapshots.get(provider, {}).values())
+
+    def for_pod(self, pod_uid: str) -> list[Instance]:
+        return [i for i in self.all() if i.pod_uid == pod_uid]
 
     def remember(self, instance: Instance) -> None:
         """Record what a create/get just returned, so the next poll compares against it."""
@@ -75,12 +82,5 @@ class InstanceTracker:
     async def poll(self) -> None:
         started = time.monotonic()
         await asyncio.gather(*(self._poll_one(name) for name in self._providers))
+        self.polled.set()
         self._on_poll(time.monotonic() - started)
-
-    async def run(self, interval: float) -> None:
-        while True:
-            try:
-                await self.poll()
-            except Exception:  # a broken adapter must not stop status polling for the rest
-                log.exception("instance poll failed")
-            await asyncio.sleep(interval)

@@ -42,7 +42,7 @@ class Metrics:
         )
         self.placements = Counter(
             f"{PREFIX}_placement_attempts",
-            "Placement attempts by result (launched, no_capacity, budget_exceeded, invalid, retry).",
+            "Placement attempts by result: launched, no_capacity, budget_exceeded, invalid, retry.",
             ["result"],
             registry=self.registry,
         )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -50,6 +51,15 @@ from vk_provider.podstatus import (
     pod_status,
     status_changed,
 )
+from vk_provider.reconcile import (
+    Action,
+    Adopt,
+    Plan,
+    PodSnapshot,
+    ProviderSnapshot,
+    Terminate,
+    plan_reconcile,
+)
 from vk_provider.translate import InvalidPodSpec, references, to_workload
 from vk_provider.view import PodPlacement
 from vk_provider.workqueue import QueueClosed, WorkQueue
@@ -62,6 +72,7 @@ ANN_OFFER = "vk-provider.io/offer"
 ANN_PRICE = "vk-provider.io/price-per-hour"
 
 PodKey = tuple[str, str]  # (namespace, name)
+_ADOPTABLE = (InstanceState.PENDING, InstanceState.RUNNING)
 
 MAX_BACKOFF = 300.0
 
@@ -137,15 +148,13 @@ class PodController:
         self._ledger = launcher.ledger
         self._metrics = metrics or Metrics()
         self.queue: WorkQueue[PodKey] = WorkQueue()
-        self.tracker = InstanceTracker(
-            self._providers,
-            on_change=self._instance_changed,
-            on_poll=self._metrics.reconcile_duration.observe,
-        )
+        self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
         self._memory: dict[PodKey, _PodMemory] = {}
         self._uid_keys: dict[str, PodKey] = {}
         self._waiting: set[PodKey] = set()  # unplaceable pods, kicked when room appears
         self._placements: dict[PodKey, PodPlacement] = {}  # for the REST API and metrics
+        self._pods: dict[PodKey, JSON] = {}  # latest pod objects seen (reconcile snapshots)
+        self._first_seen: Mapping[tuple[str, str], float] = {}
         self.watch_live = asyncio.Event()
 
     # ------------------------------------------------------------------ feeding the queue
@@ -168,6 +177,7 @@ class PodController:
             memory.provider = annotations.get(ANN_PROVIDER)
             memory.instance_id = annotations[ANN_INSTANCE]
         self._account(pod)
+        self._pods[key] = pod
         self._uid_keys[uid] = key
         self.queue.add(key)
 
@@ -279,8 +289,10 @@ class PodController:
         pod = await self._kube.get_pod(namespace, name)
         if pod is None or (pod.get("spec") or {}).get("nodeName") != self._node:
             self._placements.pop(key, None)
+            self._pods.pop(key, None)
             await self._forget(key)
             return
+        self._pods[key] = pod
         memory = self._memory.get(key)
         if memory is None or memory.uid != _meta(pod).get("uid"):
             self._observe(pod)
@@ -373,6 +385,7 @@ class PodController:
             str(metadata["namespace"]), str(metadata["name"]), uid=str(metadata["uid"])
         )
         self._memory.pop(key, None)
+        self._pods.pop(key, None)
         self._waiting.discard(key)
         self._uid_keys.pop(str(metadata.get("uid")), None)
         self._events.forget(str(metadata.get("uid")))
@@ -498,6 +511,13 @@ class PodController:
         except InvalidRequest as exc:
             await self._invalid(pod, exc.field, str(exc))
             return
+        # After a restart, a crash may have left an instance of this pod that the pod does
+        # not name yet: adopt it rather than launch a duplicate.
+        await self.tracker.polled.wait()
+        existing = [i for i in self.tracker.for_pod(memory.uid) if i.state in _ADOPTABLE]
+        if existing:
+            await self._adopt_existing(key, pod, max(existing, key=lambda i: i.attempt))
+            return
         offers = await self._offers.offers()
         result = await self._launcher.launch(spec, request, offers, prefer=memory.prefer)
         self._count(result)
@@ -529,6 +549,83 @@ class PodController:
             self.queue.add_after(key, delay)
             return
         await self._unplaceable(key, pod, memory, result, request)
+
+    async def _adopt_existing(self, key: PodKey, pod: JSON, instance: Instance) -> None:
+        namespace, name = key
+        log.info("adopting instance %s of pod %s/%s", instance.instance_id, namespace, name)
+        await self._kube.patch_pod_annotations(
+            namespace,
+            name,
+            {
+                ANN_PROVIDER: instance.provider,
+                ANN_INSTANCE: instance.instance_id,
+                ANN_OFFER: instance.offer_key,
+                ANN_PRICE: f"{instance.price_per_hour:.4f}",
+            },
+            uid=str(_meta(pod).get("uid")),
+        )
+        self.queue.add(key)
+
+    # ------------------------------------------------------------------ reconciliation
+
+    async def reconcile_once(self, *, grace: float) -> Plan:
+        """Poll every provider once, plan against the pods, apply the plan."""
+        started = time.monotonic()
+        await self.tracker.poll()
+        snapshots = [
+            PodSnapshot(
+                key=key,
+                uid=str(_meta(pod).get("uid", "")),
+                provider=_annotations(pod).get(ANN_PROVIDER),
+                instance_id=_annotations(pod).get(ANN_INSTANCE),
+                terminal=(pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+                deleting=bool(_meta(pod).get("deletionTimestamp")),
+            )
+            for key, pod in self._pods.items()
+        ]
+        observed = [
+            ProviderSnapshot(name, self.tracker.listed(name), self.tracker.fresh(name))
+            for name in self._providers
+        ]
+        plan = plan_reconcile(
+            snapshots, observed, first_seen=self._first_seen, now=time.monotonic(), grace=grace
+        )
+        self._first_seen = plan.first_seen
+        for action in plan.actions:
+            try:
+                await self._apply(action)
+            except (ApiError, ProviderError) as exc:
+                log.warning("reconcile action %s failed: %s", action, exc)
+        self._metrics.reconcile_duration.observe(time.monotonic() - started)
+        return plan
+
+    async def _apply(self, action: Action) -> None:
+        if isinstance(action, Terminate):
+            log.warning(
+                "terminating instance %s on %s (pod %s): %s",
+                action.instance_id,
+                action.provider,
+                action.pod_uid,
+                action.reason,
+            )
+            await self._providers[action.provider].delete(action.instance_id, grace_seconds=0)
+            self._metrics.orphans_terminated.labels(action.provider).inc()
+        elif isinstance(action, Adopt):
+            pod = self._pods.get(action.key)
+            if pod is not None:
+                await self._adopt_existing(action.key, pod, action.instance)
+        else:
+            self.queue.add(action.key)
+
+    async def reconcile_loop(self, *, interval: float, grace: float) -> None:
+        """Reconcile every ``interval`` once the pod watch has listed the node's pods."""
+        while True:
+            await self.watch_live.wait()  # never plan against a partial view of the pods
+            try:
+                await self.reconcile_once(grace=grace)
+            except Exception:  # one bad cycle must not stop reconciliation
+                log.exception("reconcile cycle failed")
+            await asyncio.sleep(interval)
 
     def _count(self, result: LaunchResult) -> None:
         for attempt in result.attempts:

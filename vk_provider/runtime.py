@@ -231,8 +231,9 @@ class Agent:
                     "node-lease": self.node.run_lease_loop,
                     "node-status": self.node.run_status_loop,
                     "pod-watch": self.pods.watch_loop,
-                    "instance-poll": lambda: self.pods.tracker.run(
-                        self.config.intervals.pod_status_seconds
+                    "reconcile": lambda: self.pods.reconcile_loop(
+                        interval=self.config.intervals.pod_status_seconds,
+                        grace=self.config.intervals.orphan_grace_seconds,
                     ),
                     "pod-workers": self.pods.run_workers,
                 },
