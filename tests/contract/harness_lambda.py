@@ -1,0 +1,591 @@
+"""Contract harness for Lambda Cloud: the adapter against a stateful respx fake of the API.
+
+``FakeLambda`` keeps instances in a dict and answers the five endpoints the adapter uses
+(instance types, launch, list, get, terminate) with payloads shaped by the published
+document (``lambda-cloud-openapi-1.8.3.json``). Every request the adapter sends, and every
+documented response the fake gives, is validated against that document with openapi-core:
+a request the real API would refuse fails the test where it is sent. ``fail`` injects the
+API's real error shapes (and malformed bodies) for the next calls of one endpoint.
+
+``FakeClock`` is simulated time for the adapter's rate limiter and retries: ``sleep``
+advances the clock instead of waiting, so a 12 s launch spacing costs nothing.
+
+The unit tests of the adapter (``tests/unit/test_lambda_cloud.py``) use the same fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import tempfile
+import urllib.parse
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import respx
+from openapi_core import OpenAPI
+from openapi_core.datatypes import RequestParameters
+from openapi_core.testing import MockResponse
+from werkzeug.datastructures import Headers, ImmutableMultiDict
+
+from providers.contract import Provider
+from providers.lambda_cloud import LambdaCloudProvider, RetryPolicy
+from providers.models import InstanceState, Offer, WorkloadSpec
+from tests.contract.harness import FailureKind
+from tests.fixtures import PROVIDER_APIS
+from vk_provider.config import LambdaProviderConfig
+
+BASE_URL = "https://cloud.lambda.ai/api/v1"
+API_KEY = "secret_vkprovider-test-key_0123456789abcdef"
+SSH_KEY = "vk-test-key"
+SPEC_NAME = "lambda-cloud-openapi-1.8.3.json"
+
+Endpoint = Literal["instance-types", "launch", "list", "get", "terminate"]
+
+
+def spec_path() -> Path:
+    """The published Lambda document, kept in tests/fixtures."""
+    return PROVIDER_APIS / SPEC_NAME
+
+
+@functools.cache
+def openapi() -> OpenAPI | None:
+    """The loaded document (once per process: loading takes about half a second)."""
+    return OpenAPI.from_file_path(str(spec_path()))
+
+
+class OpenAPIRequest:
+    """An ``httpx.Request`` as openapi-core's ``Request`` protocol."""
+
+    def __init__(self, request: httpx.Request) -> None:
+        self._request = request
+        self.parameters = RequestParameters(
+            query=ImmutableMultiDict(list(request.url.params.multi_items())),
+            header=Headers(list(request.headers.items())),
+            cookie=ImmutableMultiDict(),
+        )
+
+    @property
+    def host_url(self) -> str:
+        return f"{self._request.url.scheme}://{self._request.url.netloc.decode()}"
+
+    @property
+    def path(self) -> str:
+        return self._request.url.path
+
+    @property
+    def method(self) -> str:
+        return self._request.method.lower()
+
+    @property
+    def body(self) -> bytes | None:
+        return self._request.content or None
+
+    @property
+    def content_type(self) -> str:
+        return str(self._request.headers.get("content-type", "application/json")).lower()
+
+
+class FakeClock:
+    """Simulated monotonic time: ``sleep`` advances it (and yields to other tasks)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += max(0.0, seconds)
+        await asyncio.sleep(0)
+
+
+REGIONS: Mapping[str, str] = {
+    "us-west-1": "California, USA",
+    "us-east-1": "Virginia, USA",
+    "us-south-1": "Texas, USA",
+    "us-west-3": "Utah, USA",
+    "europe-central-1": "Germany",
+}
+
+
+def instance_type(
+    name: str,
+    description: str,
+    gpu_description: str,
+    cents: int,
+    *,
+    vcpus: int,
+    memory_gib: int,
+    storage_gib: int,
+    gpus: int,
+) -> dict[str, Any]:
+    """An ``InstanceType`` as the API returns it."""
+    return {
+        "name": name,
+        "description": description,
+        "gpu_description": gpu_description,
+        "price_cents_per_hour": cents,
+        "specs": {
+            "vcpus": vcpus,
+            "memory_gib": memory_gib,
+            "storage_gib": storage_gib,
+            "gpus": gpus,
+        },
+    }
+
+
+def default_instance_types() -> dict[str, tuple[dict[str, Any], list[str]]]:
+    """Lambda's catalogue as the fake sells it: type → (InstanceType, regions with capacity)."""
+    types = [
+        (
+            instance_type(
+                "gpu_1x_a10", "1x A10 (24 GB PCIe)", "A10 (24 GB PCIe)", 75,
+                vcpus=30, memory_gib=200, storage_gib=1400, gpus=1,
+            ),
+            ["us-west-1", "us-east-1"],
+        ),
+        (
+            instance_type(
+                "gpu_1x_h100_pcie", "1x H100 (80 GB PCIe)", "H100 (80 GB PCIe)", 249,
+                vcpus=26, memory_gib=200, storage_gib=1024, gpus=1,
+            ),
+            ["us-west-3"],
+        ),
+        (
+            instance_type(
+                "gpu_8x_h100_sxm5", "8x H100 (80 GB SXM5)", "H100 (80 GB SXM5)", 2392,
+                vcpus=208, memory_gib=1800, storage_gib=24780, gpus=8,
+            ),
+            ["us-south-1"],
+        ),
+        (
+            instance_type(
+                "gpu_1x_a100_sxm4", "1x A100 (40 GB SXM4)", "A100 (40 GB SXM4)", 129,
+                vcpus=30, memory_gib=200, storage_gib=512, gpus=1,
+            ),
+            [],
+        ),
+        (
+            instance_type(
+                "gpu_8x_a100_80gb_sxm4", "8x A100 (80 GB SXM4)", "A100 (80 GB SXM4)", 1432,
+                vcpus=240, memory_gib=1800, storage_gib=19500, gpus=8,
+            ),
+            ["us-east-1"],
+        ),
+        (
+            instance_type(
+                "gpu_1x_gh200", "1x GH200 (96 GB)", "GH200 (96 GB)", 149,
+                vcpus=64, memory_gib=432, storage_gib=4096, gpus=1,
+            ),
+            ["us-west-1"],
+        ),
+        (
+            instance_type(
+                "gpu_1x_a6000", "1x A6000 (48 GB)", "A6000 (48 GB)", 80,
+                vcpus=14, memory_gib=46, storage_gib=512, gpus=1,
+            ),
+            ["us-south-1", "europe-central-1"],
+        ),
+    ]  # fmt: skip
+    return {kind["name"]: (kind, regions) for kind, regions in types}
+
+
+def error_body(code: str, message: str, suggestion: str | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if suggestion is not None:
+        error["suggestion"] = suggestion
+    return {"error": error}
+
+
+# The API's own error responses, by the harness's failure kinds.
+FAILURES: Mapping[FailureKind, tuple[int, dict[str, Any], dict[str, str]]] = {
+    "capacity": (
+        400,
+        error_body(
+            "instance-operations/launch/insufficient-capacity",
+            "Not enough capacity to fulfill launch request.",
+        ),
+        {},
+    ),
+    "rate_limit": (
+        429,
+        error_body("global/rate-limited", "Too many requests.", "Slow down."),
+        {"Retry-After": "2"},
+    ),
+    "transient": (
+        503,
+        error_body("provider/internal-unavailable", "Provider unavailable", "Try again shortly"),
+        {},
+    ),
+    "auth": (
+        401,
+        error_body(
+            "global/invalid-api-key",
+            "API key was invalid, expired, or deleted.",
+            "Check your API key or create a new one, then try again.",
+        ),
+        {},
+    ),
+    "invalid": (
+        400,
+        error_body("global/invalid-parameters", "Invalid request data.", "Check the request."),
+        {},
+    ),
+}
+
+
+@dataclass
+class Injected:
+    """A canned answer for the next ``times`` calls of one endpoint (None: every call)."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    times: int | None = 1
+
+
+class FakeLambda:
+    """A stateful fake of the parts of Lambda Cloud API 1.8.3 the adapter uses."""
+
+    def __init__(self, *, validate: bool = True, clock: Callable[[], float] | None = None) -> None:
+        self.types = default_instance_types()
+        self.instances: dict[str, dict[str, Any]] = {}
+        self.ssh_keys = {SSH_KEY}
+        self.requests: list[httpx.Request] = []
+        # (endpoint, time on ``clock``) of every request, to check the adapter's spacing.
+        self.times: list[tuple[Endpoint, float]] = []
+        self._clock = clock
+        self.launch_bodies: list[dict[str, Any]] = []
+        self._injected: dict[Endpoint, list[Injected]] = {}
+        self._validate = validate
+        self._next_ip = 2
+        self.router = respx.Router(assert_all_called=False)
+        routes: list[tuple[str, str, Endpoint, Callable[..., httpx.Response]]] = [
+            ("GET", "/instance-types", "instance-types", self._instance_types),
+            ("POST", "/instance-operations/launch", "launch", self._launch),
+            ("POST", "/instance-operations/terminate", "terminate", self._terminate),
+            ("GET", "/instances", "list", self._list),
+            ("GET", "/instances/(?P<instance_id>[^/]+)", "get", self._get),
+        ]
+        for method, path, endpoint, handler in routes:
+            pattern = "^" + BASE_URL.replace(".", r"\.") + path + "$"
+            self.router.route(method=method, url__regex=pattern).mock(
+                side_effect=self._handler(endpoint, handler)
+            )
+        self.transport = httpx.MockTransport(self.router.async_handler)
+
+    # --- knobs ----------------------------------------------------------------------------
+
+    def fail(
+        self,
+        endpoint: Endpoint,
+        status: int,
+        body: dict[str, Any] | bytes,
+        *,
+        headers: Mapping[str, str] | None = None,
+        times: int | None = 1,
+    ) -> None:
+        """Answer the next ``times`` calls of ``endpoint`` (every call if None) with this."""
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self._injected.setdefault(endpoint, []).append(
+            Injected(status, raw, dict(headers or {}), times)
+        )
+
+    def clear_failures(self) -> None:
+        self._injected.clear()
+
+    def add_instance(
+        self,
+        *,
+        name: str = "someone else's",
+        tags: list[dict[str, str]] | None = None,
+        status: str = "active",
+        type_name: str = "gpu_1x_a10",
+        region: str = "us-west-1",
+    ) -> str:
+        """Put an instance in the account directly (not through the adapter)."""
+        instance_id = uuid.uuid4().hex
+        self.instances[instance_id] = self._instance(
+            instance_id,
+            name=name,
+            tags=tags or [],
+            status=status,
+            kind=self.types[type_name][0],
+            region=region,
+            firewall_rulesets=[],
+        )
+        return instance_id
+
+    def calls(self, endpoint: Endpoint) -> list[httpx.Request]:
+        return [r for r in self.requests if _endpoint(r) == endpoint]
+
+    # --- handlers -------------------------------------------------------------------------
+
+    def _handler(
+        self, endpoint: Endpoint, handler: Callable[..., httpx.Response]
+    ) -> Callable[..., httpx.Response]:
+        def handle(request: httpx.Request, **params: str) -> httpx.Response:
+            self.requests.append(request)
+            if self._clock is not None:
+                self.times.append((endpoint, self._clock()))
+            document = openapi() if self._validate else None
+            if document is not None:
+                # Raises (and so fails the test) if the real API would refuse the request.
+                document.validate_request(OpenAPIRequest(request))
+            queue = self._injected.get(endpoint, [])
+            if queue:
+                injected = queue[0]
+                if injected.times is not None:
+                    injected.times -= 1
+                    if injected.times <= 0:
+                        queue.pop(0)
+                return httpx.Response(
+                    injected.status,
+                    content=injected.body,
+                    headers={"Content-Type": "application/json", **injected.headers},
+                )
+            response = handler(request, **params)
+            if document is not None and response.status_code in (200, 400, 401, 403, 404):
+                document.validate_response(
+                    OpenAPIRequest(request),
+                    MockResponse(response.content, status_code=response.status_code),
+                )
+            return response
+
+        return handle
+
+    def _instance_types(self, request: httpx.Request) -> httpx.Response:
+        data = {
+            name: {
+                "instance_type": kind,
+                "regions_with_capacity_available": [
+                    {"name": region, "description": REGIONS[region]} for region in regions
+                ],
+            }
+            for name, (kind, regions) in self.types.items()
+        }
+        return httpx.Response(200, json={"data": data})
+
+    def _launch(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        self.launch_bodies.append(body)
+        if body["ssh_key_names"][0] not in self.ssh_keys:
+            return httpx.Response(
+                404,
+                json=error_body(
+                    "global/object-does-not-exist",
+                    f"SSH key {body['ssh_key_names'][0]!r} does not exist.",
+                    "Check the name of the SSH key.",
+                ),
+            )
+        known = self.types.get(body["instance_type_name"])
+        if known is None or body["region_name"] not in known[1]:
+            return httpx.Response(400, json=FAILURES["capacity"][1])
+        instance_id = uuid.uuid4().hex
+        self.instances[instance_id] = self._instance(
+            instance_id,
+            name=body.get("name", ""),
+            tags=body.get("tags", []),
+            status="booting",
+            kind=known[0],
+            region=body["region_name"],
+            firewall_rulesets=body.get("firewall_rulesets", []),
+        )
+        return httpx.Response(200, json={"data": {"instance_ids": [instance_id]}})
+
+    def _terminate(self, request: httpx.Request) -> httpx.Response:
+        ids = json.loads(request.content)["instance_ids"]
+        missing = [i for i in ids if i not in self.instances]
+        if missing:
+            return httpx.Response(
+                404,
+                json=error_body(
+                    "global/object-does-not-exist", "Specified instance does not exist."
+                ),
+            )
+        terminated = []
+        for instance_id in ids:
+            # Gone at once: a later get is a 404, as it soon is on Lambda.
+            instance = self.instances.pop(instance_id)
+            terminated.append({**instance, "status": "terminating"})
+        return httpx.Response(200, json={"data": {"terminated_instances": terminated}})
+
+    def _list(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"data": list(self.instances.values())})
+
+    def _get(self, request: httpx.Request, instance_id: str) -> httpx.Response:
+        instance = self.instances.get(urllib.parse.unquote(instance_id))
+        if instance is None:
+            return httpx.Response(
+                404,
+                json=error_body(
+                    "global/object-does-not-exist", "Specified instance does not exist."
+                ),
+            )
+        return httpx.Response(200, json={"data": instance})
+
+    def _instance(
+        self,
+        instance_id: str,
+        *,
+        name: str,
+        tags: list[dict[str, str]],
+        status: str,
+        kind: dict[str, Any],
+        region: str,
+        firewall_rulesets: list[dict[str, str]],
+    ) -> dict[str, Any]:
+        ip = f"198.51.100.{self._next_ip}"
+        self._next_ip += 1
+        available = {"available": True}
+        return {
+            "id": instance_id,
+            "name": name,
+            "ip": ip,
+            "private_ip": f"10.0.2.{self._next_ip}",
+            "status": status,
+            "ssh_key_names": [SSH_KEY],
+            "file_system_names": [],
+            "region": {"name": region, "description": REGIONS[region]},
+            "instance_type": kind,
+            "hostname": ip.replace(".", "-"),
+            "jupyter_token": uuid.uuid4().hex,
+            "jupyter_url": f"https://jupyter-{instance_id}.lambdaspaces.com/",
+            "actions": {
+                action: available
+                for action in ("migrate", "rebuild", "restart", "cold_reboot", "terminate")
+            },
+            "tags": tags,
+            "firewall_rulesets": firewall_rulesets,
+        }
+
+
+def _endpoint(request: httpx.Request) -> Endpoint | None:
+    path = request.url.path.removeprefix("/api/v1")
+    if path == "/instance-types":
+        return "instance-types"
+    if path == "/instance-operations/launch":
+        return "launch"
+    if path == "/instance-operations/terminate":
+        return "terminate"
+    if path == "/instances":
+        return "list"
+    if path.startswith("/instances/"):
+        return "get"
+    return None
+
+
+def make_config(key_file: Path, **overrides: Any) -> LambdaProviderConfig:
+    data: dict[str, Any] = {
+        "type": "lambda",
+        "name": "lambda-test",
+        "api_key": f"file:{key_file}",
+        "ssh_key_name": SSH_KEY,
+        "base_url": BASE_URL,
+    }
+    data.update(overrides)
+    return LambdaProviderConfig.model_validate(data)
+
+
+def make_provider(
+    fake: FakeLambda, clock: FakeClock, key_file: Path, **overrides: Any
+) -> LambdaCloudProvider:
+    return LambdaCloudProvider(
+        make_config(key_file, **overrides),
+        transport=fake.transport,
+        clock=clock,
+        sleep=clock.sleep,
+        retry=RetryPolicy(attempts=3, first_wait=0.5, max_wait=2.0, max_retry_after=10.0),
+    )
+
+
+class LambdaHarness:
+    name = "lambda"
+    native_states: Mapping[str, InstanceState] = {
+        "booting": InstanceState.PENDING,
+        "active": InstanceState.RUNNING,
+        "unhealthy": InstanceState.RUNNING,
+        "terminating": InstanceState.TERMINATING,
+        "terminated": InstanceState.TERMINATED,
+        "preempted": InstanceState.LOST,
+    }
+    failure_kinds: frozenset[FailureKind] = frozenset(
+        {"capacity", "rate_limit", "transient", "auth", "invalid"}
+    )
+
+    def __init__(self) -> None:
+        self._fake: FakeLambda | None = None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Provider]:
+        with tempfile.TemporaryDirectory(prefix="vk-contract-lambda-") as tmp:
+            key_file = Path(tmp) / "api-key"
+            key_file.write_text(API_KEY + "\n")
+            clock = FakeClock()
+            self._fake = FakeLambda(clock=clock)
+            provider = make_provider(self._fake, clock, key_file)
+            try:
+                yield provider
+            finally:
+                await provider.close()
+                self._fake = None
+
+    def spec(self, pod_uid: str, attempt: int = 0) -> WorkloadSpec:
+        return WorkloadSpec(
+            pod_uid=pod_uid,
+            namespace="ns",
+            pod_name="p",
+            container_name="c",
+            image="nvidia/cuda:12.4.1-base-ubuntu22.04",
+            command=("nvidia-smi",),
+            gpu_count=1,
+            attempt=attempt,
+        )
+
+    async def offer(self, provider: Provider) -> Offer:
+        return next(o for o in await provider.offers() if o.sku == "gpu_1x_a10")
+
+    def add_foreign_instance(self) -> None:
+        fake = self._require()
+        fake.add_instance()
+        # Looks like ours by name and carries our tag keys, but another agent made it.
+        fake.add_instance(
+            name="vk-uid-ours.0",
+            tags=[
+                {"key": "vk-provider:managed", "value": "true"},
+                {"key": "vk-provider:provider", "value": "another-agent"},
+                {"key": "vk-provider:pod-uid", "value": "uid-ours"},
+                {"key": "vk-provider:request-id", "value": "uid-ours.0"},
+            ],
+        )
+
+    def set_native_state(self, instance_id: str, native: str) -> None:
+        self._require().instances[instance_id]["status"] = native
+
+    def fail_next(self, kind: FailureKind, *, operation: Literal["create", "get"]) -> None:
+        status, body, headers = FAILURES[kind]
+        # 429 and 5xx keep failing until the adapter gives up; the others fail once.
+        times = None if kind in ("rate_limit", "transient") else 1
+        self._require().fail(
+            "launch" if operation == "create" else "get",
+            status,
+            body,
+            headers=headers,
+            times=times,
+        )
+
+    def _require(self) -> FakeLambda:
+        assert self._fake is not None, "use the harness inside running()"
+        return self._fake
+
+
+HARNESS = LambdaHarness()

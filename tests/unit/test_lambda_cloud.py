@@ -1,0 +1,900 @@
+"""The Lambda Cloud adapter against a stateful respx fake shaped by the published API document.
+
+``tests.contract.harness_lambda.FakeLambda`` validates every request the adapter sends (and
+every documented response the fake gives) against ``lambda-cloud-openapi-1.8.3.json`` with
+openapi-core, so each test here also checks request shapes. Time is simulated
+(``FakeClock``): rate limits and retry waits cost nothing and are asserted exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from providers.contract import Provider
+from providers.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    ProviderError,
+    RateLimited,
+    Transient,
+)
+from providers.lambda_cloud import (
+    LAUNCH_VISIBILITY_SECONDS,
+    STATES,
+    TAG_MANAGED,
+    TAG_POD_UID,
+    TAG_PROVIDER,
+    TAG_REQUEST_ID,
+    LambdaCloudProvider,
+    RateLimiter,
+    RetryPolicy,
+    canonical_gpu,
+    classify_failure,
+    gpu_memory_gib,
+    parse_offers,
+    parse_retry_after,
+)
+from providers.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
+from tests.contract.harness_lambda import (
+    API_KEY,
+    FAILURES,
+    FakeClock,
+    FakeLambda,
+    OpenAPIRequest,
+    error_body,
+    make_config,
+    make_provider,
+    openapi,
+    spec_path,
+)
+from vk_provider.config import ConfigError
+
+UID = "0f5e2a8c-1b2d-4e6f-8a9b-0c1d2e3f4a5b"
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "lambda-key"
+    path.write_text(API_KEY + "\n")
+    return path
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def fake(clock: FakeClock) -> FakeLambda:
+    return FakeLambda(clock=clock)
+
+
+@pytest.fixture
+async def provider(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> AsyncIterator[LambdaCloudProvider]:
+    adapter = make_provider(fake, clock, key_file)
+    try:
+        yield adapter
+    finally:
+        await adapter.close()
+
+
+def make_spec(pod_uid: str = UID, attempt: int = 0, **overrides: Any) -> WorkloadSpec:
+    fields: dict[str, Any] = {
+        "pod_uid": pod_uid,
+        "namespace": "ml",
+        "pod_name": "trainer",
+        "container_name": "main",
+        "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+        "command": ("python", "train.py"),
+        "env": (EnvVar("TOKEN", "hunter2", secret=True),),
+        "gpu_count": 1,
+        "attempt": attempt,
+    }
+    fields.update(overrides)
+    return WorkloadSpec(**fields)
+
+
+async def a10(provider: LambdaCloudProvider, region: str = "us-west-1") -> Offer:
+    return next(o for o in await provider.offers() if o.sku == "gpu_1x_a10" and o.region == region)
+
+
+def ours(
+    pod_uid: str = UID, attempt: int = 0, provider: str = "lambda-test"
+) -> list[dict[str, str]]:
+    return [
+        {"key": TAG_MANAGED, "value": "true"},
+        {"key": TAG_PROVIDER, "value": provider},
+        {"key": TAG_POD_UID, "value": pod_uid},
+        {"key": TAG_REQUEST_ID, "value": f"{pod_uid}.{attempt}"},
+    ]
+
+
+# --- offers -------------------------------------------------------------------------------
+
+
+async def test_offers_one_per_type_and_region_with_capacity(provider: LambdaCloudProvider) -> None:
+    offers = await provider.offers()
+    keys = {o.key for o in offers}
+    assert keys == {
+        "lambda-test/gpu_1x_a10/us-west-1",
+        "lambda-test/gpu_1x_a10/us-east-1",
+        "lambda-test/gpu_1x_h100_pcie/us-west-3",
+        "lambda-test/gpu_8x_h100_sxm5/us-south-1",
+        "lambda-test/gpu_8x_a100_80gb_sxm4/us-east-1",
+        "lambda-test/gpu_1x_gh200/us-west-1",
+        "lambda-test/gpu_1x_a6000/us-south-1",
+        "lambda-test/gpu_1x_a6000/europe-central-1",
+    }  # gpu_1x_a100_sxm4 has no region with capacity
+    assert [o.price_per_hour for o in offers] == sorted(o.price_per_hour for o in offers)
+    h100 = next(o for o in offers if o.sku == "gpu_8x_h100_sxm5")
+    assert h100 == Offer(
+        provider="lambda-test",
+        sku="gpu_8x_h100_sxm5",
+        region="us-south-1",
+        gpu_model="H100-SXM",
+        gpu_count=8,
+        gpu_memory_gib=80.0,
+        vcpus=208,
+        memory_gib=1800,
+        price_per_hour=23.92,
+        spot=False,
+        available=1,
+        startup_seconds=h100.startup_seconds,
+    )
+    assert not any(o.spot for o in offers)
+
+
+@pytest.mark.parametrize(
+    ("type_name", "description", "model", "memory"),
+    [
+        ("gpu_1x_h100_pcie", "H100 (80 GB PCIe)", "H100-PCIE", 80),
+        ("gpu_8x_h100_sxm5", "H100 (80 GB SXM5)", "H100-SXM", 80),
+        ("gpu_8x_h100_sxm5gdr", "H100 (80 GB SXM5)", "H100-SXM", 80),
+        ("gpu_1x_h100_sxm5", "", "H100-SXM", 80),
+        ("gpu_1x_a100_sxm4", "A100 (40 GB SXM4)", "A100-40GB", 40),
+        ("gpu_1x_a100", "A100 (40 GB PCIe)", "A100-40GB", 40),
+        ("gpu_8x_a100_80gb_sxm4", "A100 (80 GB SXM4)", "A100-80GB", 80),
+        ("gpu_1x_a100_sxm4_80gb", "", "A100-80GB", 80),
+        ("gpu_8x_a100", "", "A100", 0),
+        ("gpu_1x_gh200", "GH200 (96 GB)", "GH200", 96),
+        ("gpu_1x_a10", "A10 (24 GB PCIe)", "A10", 24),
+        ("gpu_1x_a6000", "A6000 (48 GB)", "A6000", 48),
+        ("gpu_2x_a6000", "", "A6000", 48),
+        ("gpu_1x_rtx6000", "RTX 6000 (24 GB)", "RTX6000", 24),
+        ("gpu_8x_v100", "Tesla V100 (16 GB)", "V100", 16),
+        ("gpu_8x_b200_sxm6", "B200 (180 GB SXM6)", "B200", 180),
+        # Unknown models: normalised, never an error.
+        ("gpu_2x_l40s", "L40S (48 GB)", "L40S", 48),
+        ("special-offer", "NVIDIA RTX PRO 6000 (96 GB)", "RTXPRO6000", 96),
+        ("gpu_1x_mystery", "", "MYSTERY", 0),
+        ("", "", None, 0),
+    ],
+)
+def test_gpu_names_and_memory(
+    type_name: str, description: str, model: str | None, memory: float
+) -> None:
+    assert canonical_gpu(type_name, description) == model
+    assert gpu_memory_gib(type_name, description) == memory
+
+
+@given(type_name=st.text(max_size=40), description=st.text(max_size=60))
+def test_gpu_parsing_never_crashes(type_name: str, description: str) -> None:
+    model = canonical_gpu(type_name, description)
+    assert model is None or (model and all(c.isalnum() or c == "-" for c in model))
+    memory = gpu_memory_gib(type_name, description)
+    assert memory >= 0 and memory != float("inf")
+
+
+async def test_offers_honour_the_configuration(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    adapter = make_provider(
+        fake,
+        clock,
+        key_file,
+        instance_types=["gpu_1x_a10", "gpu_1x_a6000", "gpu_8x_h100_sxm5"],
+        regions=["us-west-1", "us-south-1"],
+        max_price_per_hour=5.0,
+    )
+    try:
+        keys = [o.key for o in await adapter.offers()]
+    finally:
+        await adapter.close()
+    assert keys == ["lambda-test/gpu_1x_a10/us-west-1", "lambda-test/gpu_1x_a6000/us-south-1"]
+
+
+def _types_payload(fake: FakeLambda) -> dict[str, Any]:
+    return {
+        name: {
+            "instance_type": kind,
+            "regions_with_capacity_available": [{"name": r, "description": "x"} for r in regions],
+        }
+        for name, (kind, regions) in fake.types.items()
+    }
+
+
+def test_a_malformed_instance_type_is_skipped(
+    fake: FakeLambda, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = _types_payload(fake)
+    del data["gpu_1x_a10"]["instance_type"]["price_cents_per_hour"]
+    offers = parse_offers(data, provider="p")
+    assert offers and all(o.sku != "gpu_1x_a10" for o in offers)
+    assert "price_cents_per_hour" in caplog.text
+
+
+async def test_offers_malformed_throughout_are_transient(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    fake.fail("instance-types", 200, {"data": {"gpu_x": {"instance_type": {"name": "gpu_x"}}}})
+    with pytest.raises(Transient, match="gpu_description"):
+        await provider.offers()
+    fake.fail("instance-types", 200, {"data": ["not", "an", "object"]})
+    with pytest.raises(Transient, match="data is list, expected an object"):
+        await provider.offers()
+
+
+# --- create -------------------------------------------------------------------------------
+
+
+async def test_launch_request_matches_the_spec_and_carries_our_tags(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    adapter = make_provider(fake, clock, key_file, firewall_ruleset_ids=["fw1", "fw2"])
+    try:
+        offer = await a10(adapter)
+        instance = await adapter.create(make_spec(attempt=3), offer)
+    finally:
+        await adapter.close()
+    (body,) = fake.launch_bodies
+    assert body["region_name"] == "us-west-1"
+    assert body["instance_type_name"] == "gpu_1x_a10"
+    assert body["ssh_key_names"] == ["vk-test-key"]
+    assert body["name"] == f"vk-{UID}.3"
+    assert body["tags"] == ours(attempt=3)
+    assert body["firewall_rulesets"] == [{"id": "fw1"}, {"id": "fw2"}]
+    assert body["user_data"].startswith("#cloud-config\n")
+    assert "--gpus all" in body["user_data"]
+    assert "hunter2" in body["user_data"]  # in the 0600 env file, see test_cloud_init
+    assert instance.state is InstanceState.PENDING
+    assert instance.instance_id in fake.instances
+    assert (instance.pod_uid, instance.attempt) == (UID, 3)
+    assert instance.offer_key == offer.key
+    assert instance.price_per_hour == pytest.approx(0.75)
+
+
+async def test_every_request_is_authorised_with_the_bearer_key(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    instance = await provider.create(make_spec(), await a10(provider))
+    await provider.get(instance.instance_id)
+    await provider.delete(instance.instance_id, grace_seconds=0)
+    assert {r.headers["Authorization"] for r in fake.requests} == {f"Bearer {API_KEY}"}
+
+
+async def test_launch_and_terminate_bodies_validate_against_the_openapi_document(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    instance = await provider.create(make_spec(), await a10(provider))
+    await provider.delete(instance.instance_id, grace_seconds=0)
+    document = openapi()
+    assert document is not None
+    launches, terminates = fake.calls("launch"), fake.calls("terminate")
+    assert len(launches) == 1 and len(terminates) == 1
+    assert json.loads(terminates[0].content) == {"instance_ids": [instance.instance_id]}
+    for request in [*launches, *terminates, *fake.requests]:
+        document.validate_request(OpenAPIRequest(request))
+    # The check has teeth: a tag key the API refuses fails it.
+    body = json.loads(launches[0].content)
+    body["tags"][0]["key"] = "Not-Allowed"
+    tampered = httpx.Request(
+        "POST", launches[0].url, headers=launches[0].headers, content=json.dumps(body).encode()
+    )
+    with pytest.raises(Exception, match="does not match"):
+        document.validate_request(OpenAPIRequest(tampered))
+
+
+async def test_create_is_idempotent_by_request_id(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = await a10(provider)
+    first = await provider.create(make_spec(), offer)
+    second = await provider.create(make_spec(), offer)
+    assert second.instance_id == first.instance_id
+    assert len(fake.calls("launch")) == 1
+    other = await provider.create(make_spec(attempt=1), offer)
+    assert other.instance_id != first.instance_id
+    assert len(fake.calls("launch")) == 2
+
+
+async def test_create_finds_an_instance_made_before_a_restart(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    existing = fake.add_instance(name=f"vk-{UID}.0", tags=ours(), status="active")
+    adapter = make_provider(fake, clock, key_file)
+    try:
+        instance = await adapter.create(make_spec(), await a10(adapter))
+    finally:
+        await adapter.close()
+    assert instance.instance_id == existing
+    assert instance.state is InstanceState.RUNNING
+    assert fake.calls("launch") == []
+
+
+async def test_create_while_the_list_lags_does_not_launch_twice(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = await a10(provider)
+    first = await provider.create(make_spec(), offer)
+    hidden = fake.instances.pop(first.instance_id)  # Lambda's list and get do not show it yet
+    again = await provider.create(make_spec(), offer)
+    assert again.instance_id == first.instance_id
+    got = await provider.get(first.instance_id)  # a 404 moments after launch: still PENDING
+    assert got.state is InstanceState.PENDING
+    assert len(fake.calls("launch")) == 1
+    fake.instances[first.instance_id] = hidden
+    assert (await provider.get(first.instance_id)).state is InstanceState.PENDING  # booting
+
+
+async def test_a_launch_unseen_for_long_is_not_found(
+    fake: FakeLambda, clock: FakeClock, provider: LambdaCloudProvider
+) -> None:
+    first = await provider.create(make_spec(), await a10(provider))
+    del fake.instances[first.instance_id]
+    clock.now += LAUNCH_VISIBILITY_SECONDS + 1
+    with pytest.raises(NotFound):
+        await provider.get(first.instance_id)
+
+
+async def test_launches_are_twelve_seconds_apart_and_requests_one_second(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = await a10(provider)
+    for attempt in range(3):
+        await provider.create(make_spec(attempt=attempt), offer)
+    launches = [t for endpoint, t in fake.times if endpoint == "launch"]
+    assert len(launches) == 3
+    assert all(b - a >= 12 for a, b in itertools.pairwise(launches))
+    every = [t for _, t in fake.times]
+    assert all(b - a >= 1 for a, b in itertools.pairwise(every))
+
+
+async def test_concurrent_creates_of_one_request_launch_once(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = await a10(provider)
+    results = await asyncio.gather(*(provider.create(make_spec(), offer) for _ in range(3)))
+    assert len({i.instance_id for i in results}) == 1
+    assert len(fake.calls("launch")) == 1
+
+
+async def test_a_bad_pod_uid_is_invalid_before_any_request(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = await a10(provider)
+    before = len(fake.requests)
+    with pytest.raises(InvalidSpec) as raised:
+        await provider.create(make_spec(pod_uid="has space"), offer)
+    assert raised.value.field == "metadata.uid"
+    with pytest.raises(InvalidSpec) as raised:
+        await provider.create(make_spec(args=("nul\0",)), offer)
+    assert raised.value.field == "spec.containers[0].args[0]"
+    assert len(fake.requests) == before
+
+
+async def test_another_providers_offer_is_refused(provider: LambdaCloudProvider) -> None:
+    offer = Offer("elsewhere", "gpu_1x_a10", "us-west-1", "A10", 1, 24, 30, 200, 0.75)
+    with pytest.raises(CapacityUnavailable):
+        await provider.create(make_spec(), offer)
+
+
+async def test_a_cpu_only_type_gets_no_gpus_flag(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = await a10(provider)
+    await provider.create(make_spec(gpu_count=0), offer)
+    assert "--gpus" not in fake.launch_bodies[0]["user_data"]
+
+
+async def test_an_empty_launch_response_is_transient(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = await a10(provider)
+    fake.fail("launch", 200, {"data": {"instance_ids": []}})
+    with pytest.raises(Transient, match="no instance id"):
+        await provider.create(make_spec(), offer)
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (400, FAILURES["capacity"][1], CapacityUnavailable),
+        (400, error_body("global/quota-exceeded", "Quota exceeded.", "Ask."), CapacityUnavailable),
+        (400, FAILURES["invalid"][1], InvalidSpec),
+        (400, error_body("instance-operations/launch/file-system-in-wrong-region", "x"),
+         InvalidSpec),
+        (401, FAILURES["auth"][1], AuthFailed),
+        (403, error_body("global/account-inactive", "Inactive.", "Verify."), AuthFailed),
+        (403, error_body("global/invalid-address", "Bad address.", "Fix it."), AuthFailed),
+        (404, error_body("global/object-does-not-exist", "No SSH key.", "Check."),
+         CapacityUnavailable),
+        (400, error_body("global/something-new", "New."), InvalidSpec),
+        (503, FAILURES["transient"][1], Transient),
+        (500, b"<html>Internal Server Error</html>", Transient),
+        (418, b"teapot", Transient),
+    ],
+)  # fmt: skip
+async def test_launch_errors_land_in_their_class(
+    fake: FakeLambda,
+    provider: LambdaCloudProvider,
+    status: int,
+    body: dict[str, Any] | bytes,
+    expected: type[ProviderError],
+) -> None:
+    offer = await a10(provider)
+    fake.fail("launch", status, body, times=None)
+    with pytest.raises(ProviderError) as raised:
+        await provider.create(make_spec(), offer)
+    assert type(raised.value) is expected, repr(raised.value)
+    assert raised.value.provider == "lambda-test"
+    assert "Lambda launch: HTTP" in str(raised.value)
+    # A launch that may have reached Lambda is never sent twice.
+    assert len(fake.calls("launch")) == 1
+
+
+async def test_an_unknown_ssh_key_is_capacity_with_a_clear_message(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = await a10(provider)
+    fake.ssh_keys.clear()
+    with pytest.raises(CapacityUnavailable, match="SSH key 'vk-test-key' does not exist"):
+        await provider.create(make_spec(), offer)
+
+
+async def test_429_with_retry_after_waits_that_long_then_succeeds(
+    fake: FakeLambda, clock: FakeClock, provider: LambdaCloudProvider
+) -> None:
+    fake.fail("list", 429, FAILURES["rate_limit"][1], headers={"Retry-After": "7"})
+    assert await provider.list_ours() == []
+    times = [t for endpoint, t in fake.times if endpoint == "list"]
+    assert len(times) == 2 and times[1] - times[0] >= 7
+
+
+async def test_429_without_retry_after_backs_off_exponentially(
+    fake: FakeLambda, clock: FakeClock, provider: LambdaCloudProvider
+) -> None:
+    fake.fail("list", 429, FAILURES["rate_limit"][1], times=2)
+    assert await provider.list_ours() == []
+    times = [t for endpoint, t in fake.times if endpoint == "list"]
+    assert len(times) == 3
+    assert times[1] - times[0] >= 0.5 and times[2] - times[1] >= 1.0  # first_wait 0.5, doubling
+
+
+@pytest.mark.parametrize(("header", "retry_after"), [({"Retry-After": "3"}, 3.0), ({}, None)])
+async def test_429_until_retries_run_out_is_rate_limited(
+    fake: FakeLambda,
+    provider: LambdaCloudProvider,
+    header: dict[str, str],
+    retry_after: float | None,
+) -> None:
+    fake.fail("get", 429, FAILURES["rate_limit"][1], headers=header, times=None)
+    with pytest.raises(RateLimited) as raised:
+        await provider.get("abc")
+    assert raised.value.retry_after == retry_after
+    assert len(fake.calls("get")) == 3  # RetryPolicy(attempts=3) in make_provider
+
+
+async def test_a_long_retry_after_goes_back_to_the_agent_at_once(
+    fake: FakeLambda, clock: FakeClock, provider: LambdaCloudProvider
+) -> None:
+    fake.fail("list", 429, FAILURES["rate_limit"][1], headers={"Retry-After": "120"})
+    with pytest.raises(RateLimited) as raised:
+        await provider.list_ours()
+    assert raised.value.retry_after == 120
+    assert len(fake.calls("list")) == 1
+    # Later calls are held back, but no longer than max_retry_after (10 s here).
+    before = clock.now
+    await provider.list_ours()
+    assert 9 <= clock.now - before <= 11
+
+
+async def test_5xx_is_retried_then_succeeds(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    fake.fail("list", 502, b"Bad Gateway", times=2)
+    assert await provider.list_ours() == []
+    assert len(fake.calls("list")) == 3
+
+
+async def test_5xx_until_retries_run_out_is_transient(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    fake.fail("get", 503, FAILURES["transient"][1], times=None)
+    with pytest.raises(Transient, match="provider/internal-unavailable"):
+        await provider.get("abc")
+    assert len(fake.calls("get")) == 3
+
+
+class FlakyTransport(httpx.AsyncBaseTransport):
+    """Raises the queued errors for the next requests (to ``only`` if given), then passes."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, only: str | None = None) -> None:
+        self._inner = inner
+        self._only = only
+        self.errors: list[Exception] = []
+        self.raised = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.errors and (self._only is None or request.url.path.endswith(self._only)):
+            self.raised += 1
+            raise self.errors.pop(0)
+        return await self._inner.handle_async_request(request)
+
+
+def flaky_provider(
+    fake: FakeLambda, clock: FakeClock, key_file: Path, transport: FlakyTransport
+) -> LambdaCloudProvider:
+    return LambdaCloudProvider(
+        make_config(key_file),
+        transport=transport,
+        clock=clock,
+        sleep=clock.sleep,
+        retry=RetryPolicy(attempts=3, first_wait=0.5, max_wait=2.0),
+    )
+
+
+async def test_connection_errors_are_retried(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    transport = FlakyTransport(fake.transport)
+    transport.errors += [httpx.ConnectError("refused"), httpx.ReadTimeout("slow")]
+    adapter = flaky_provider(fake, clock, key_file, transport)
+    try:
+        assert await adapter.list_ours() == []
+    finally:
+        await adapter.close()
+    assert transport.raised == 2
+
+
+async def test_a_launch_is_retried_only_when_it_was_never_sent(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    transport = FlakyTransport(fake.transport, only="/instance-operations/launch")
+    adapter = flaky_provider(fake, clock, key_file, transport)
+    try:
+        offer = await a10(adapter)
+        transport.errors.append(httpx.ConnectError("refused"))
+        await adapter.create(make_spec(), offer)  # never left this machine: retried
+        assert transport.raised == 1
+        assert len(fake.calls("launch")) == 1
+        transport.errors += [httpx.ReadTimeout("no answer"), httpx.ReadTimeout("no answer")]
+        with pytest.raises(Transient, match="timed out"):
+            await adapter.create(make_spec(attempt=1), offer)  # may have launched: not resent
+        assert transport.raised == 2
+    finally:
+        await adapter.close()
+
+
+async def test_connection_errors_until_retries_run_out_are_transient(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    transport = FlakyTransport(fake.transport)
+    transport.errors += [httpx.ConnectError("down") for _ in range(5)]
+    adapter = flaky_provider(fake, clock, key_file, transport)
+    try:
+        with pytest.raises(Transient, match="ConnectError: down"):
+            await adapter.list_ours()
+    finally:
+        await adapter.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"data": [{"id": "abc", "sta', "not JSON"),
+        (b"", "not JSON"),
+        (b'{"result": []}', "no 'data' (keys: result)"),
+        (b"[1, 2]", "body is list, expected an object"),
+        (b'{"data": {"id": "x"}}', "data is dict, expected an array"),
+    ],
+)
+async def test_malformed_responses_are_transient_with_a_clear_message(
+    fake: FakeLambda, provider: LambdaCloudProvider, body: bytes, message: str
+) -> None:
+    fake.fail("list", 200, body)
+    with pytest.raises(Transient) as raised:
+        await provider.list_ours()
+    assert "Lambda list instances: malformed response" in str(raised.value)
+    assert message in str(raised.value)
+
+
+async def test_one_of_our_instances_malformed_is_transient_naming_the_field(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    instance_id = fake.add_instance(tags=ours())
+    del fake.instances[instance_id]["status"]
+    fake.fail("list", 200, {"data": list(fake.instances.values())})
+    with pytest.raises(Transient, match=r"data\[0\] has no 'status'"):
+        await provider.list_ours()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "headers", "operation", "expected"),
+    [
+        (429, {}, {"Retry-After": "5"}, "get instance", RateLimited),
+        (404, error_body("global/object-does-not-exist", "gone"), {}, "get instance", NotFound),
+        (404, error_body("global/object-does-not-exist", "gone"), {}, "terminate", NotFound),
+        (404, b"", {}, "get instance", NotFound),
+        (404, b"", {}, "launch", CapacityUnavailable),
+        (401, b"", {}, "list instances", AuthFailed),
+        (403, b"<html>", {}, "list instances", AuthFailed),
+        (500, error_body("global/internal-error", "oops"), {}, "list instances", Transient),
+        (400, error_body("provider/quota-exhausted", "upstream"), {}, "launch", Transient),
+        (400, b"not json", {}, "launch", Transient),
+        (422, error_body("global/unknown", "?"), {}, "launch", InvalidSpec),
+    ],
+)  # fmt: skip
+def test_classify_failure(
+    status: int,
+    body: dict[str, Any] | bytes,
+    headers: dict[str, str],
+    operation: Any,
+    expected: type[ProviderError],
+) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.Response(status, content=content, headers=headers)
+    error = classify_failure(operation, response, provider="p")
+    assert type(error) is expected
+    assert error.provider == "p"
+    if isinstance(error, RateLimited):
+        assert error.retry_after == 5
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (None, None),
+        ("", None),
+        ("5", 5.0),
+        (" 1.5 ", 1.5),
+        ("-3", 0.0),
+        ("nan", None),
+        ("inf", None),
+        ("soon", None),
+        ("Wed, 01 Jan 2031 00:00:30 GMT", 30.0),
+        ("Wed, 01 Jan 2031 00:00:00 GMT", 0.0),
+    ],
+)
+def test_parse_retry_after(value: str | None, seconds: float | None) -> None:
+    now = datetime(2031, 1, 1, tzinfo=UTC)
+    assert parse_retry_after(value, now=now) == seconds
+
+
+# --- states, get, list, delete, logs ------------------------------------------------------
+
+
+def test_every_status_of_the_spec_is_mapped() -> None:
+    path = spec_path()
+    assert path is not None
+    document = json.loads(path.read_text())
+    assert set(document["components"]["schemas"]["InstanceStatus"]["enum"]) == set(STATES)
+
+
+@pytest.mark.parametrize(
+    ("status", "state"),
+    [
+        ("booting", InstanceState.PENDING),
+        ("active", InstanceState.RUNNING),
+        ("unhealthy", InstanceState.RUNNING),
+        ("terminating", InstanceState.TERMINATING),
+        ("terminated", InstanceState.TERMINATED),
+        ("preempted", InstanceState.LOST),
+    ],
+)
+async def test_each_status(
+    fake: FakeLambda, provider: LambdaCloudProvider, status: str, state: InstanceState
+) -> None:
+    instance_id = fake.add_instance(tags=ours(), status=status, type_name="gpu_1x_gh200")
+    got = await provider.get(instance_id)
+    assert got.state is state
+    assert got.ip == fake.instances[instance_id]["ip"]
+    assert got.price_per_hour == pytest.approx(1.49)
+    assert got.offer_key == "lambda-test/gpu_1x_gh200/us-west-1"
+    assert (got.pod_uid, got.attempt) == (UID, 0)
+    if status == "unhealthy":
+        assert "unhealthy" in got.message
+
+
+async def test_an_unknown_status_waits_instead_of_failing(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    instance_id = fake.add_instance(tags=ours())
+    fake.instances[instance_id]["status"] = "hibernating"
+    fake.fail("get", 200, {"data": fake.instances[instance_id]})
+    got = await provider.get(instance_id)
+    assert got.state is InstanceState.PENDING
+    assert "hibernating" in got.message
+
+
+async def test_get_of_someone_elses_instance_is_not_found(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    foreign = fake.add_instance(tags=ours(provider="another-agent"))
+    with pytest.raises(NotFound, match="not one of ours"):
+        await provider.get(foreign)
+    with pytest.raises(NotFound):
+        await provider.get("does-not-exist")
+    with pytest.raises(NotFound):
+        await provider.get("")
+
+
+async def test_list_ours_ignores_foreign_instances(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    fake.add_instance()  # no tags
+    fake.add_instance(name=f"vk-{UID}.0")  # our name, no tags
+    fake.add_instance(tags=ours(provider="another-agent"))
+    fake.add_instance(tags=[{"key": TAG_MANAGED, "value": "true"}])
+    broken = ours()
+    broken[3]["value"] = "other-uid.0"  # request id and pod uid disagree
+    fake.add_instance(tags=broken)
+    mine = fake.add_instance(tags=ours(attempt=4), status="booting")
+    fake.add_instance(tags=ours(attempt=5), status="terminated")  # not live
+    odd = {"id": "x", "tags": "not-a-list"}  # foreign and odd-shaped: not our business
+    fake.fail("list", 200, {"data": [*fake.instances.values(), odd]})
+    listed = await provider.list_ours()
+    assert [(i.instance_id, i.attempt, i.state) for i in listed] == [
+        (mine, 4, InstanceState.PENDING)
+    ]
+
+
+async def test_delete_terminates_and_missing_is_done(
+    fake: FakeLambda, clock: FakeClock, provider: LambdaCloudProvider
+) -> None:
+    instance = await provider.create(make_spec(), await a10(provider))
+    await provider.delete(instance.instance_id, grace_seconds=30)
+    assert instance.instance_id not in fake.instances
+    await provider.delete(instance.instance_id, grace_seconds=0)  # asked moments ago: no call
+    assert len(fake.calls("terminate")) == 1
+    clock.now += 60
+    await provider.delete(instance.instance_id, grace_seconds=0)  # 404 from Lambda: done
+    assert len(fake.calls("terminate")) == 2
+    await provider.delete("never-existed", grace_seconds=0)
+    await provider.delete("", grace_seconds=0)
+    with pytest.raises(NotFound):
+        await provider.get(instance.instance_id)
+
+
+async def test_delete_of_a_launch_lambda_does_not_show_yet_is_retried(
+    fake: FakeLambda, clock: FakeClock, provider: LambdaCloudProvider
+) -> None:
+    instance = await provider.create(make_spec(), await a10(provider))
+    hidden = fake.instances.pop(instance.instance_id)
+    with pytest.raises(Transient, match="yet"):
+        await provider.delete(instance.instance_id, grace_seconds=0)
+    fake.instances[instance.instance_id] = hidden
+    await provider.delete(instance.instance_id, grace_seconds=0)
+    assert instance.instance_id not in fake.instances
+    with pytest.raises(NotFound):
+        await provider.get(instance.instance_id)
+
+
+async def test_delete_failures_are_errors(fake: FakeLambda, provider: LambdaCloudProvider) -> None:
+    fake.fail("terminate", 401, FAILURES["auth"][1])
+    with pytest.raises(AuthFailed):
+        await provider.delete("abc", grace_seconds=0)
+
+
+async def test_there_are_no_logs(provider: LambdaCloudProvider) -> None:
+    assert provider.capabilities.logs is False
+    with pytest.raises(NotFound, match="no logs API"):
+        async for _ in provider.logs("abc", LogOptions()):
+            pass
+
+
+async def test_is_a_provider(provider: LambdaCloudProvider) -> None:
+    assert isinstance(provider, Provider)
+    assert provider.name == "lambda-test"
+
+
+# --- the API key ----------------------------------------------------------------------------
+
+
+async def test_the_api_key_is_never_logged_or_in_messages(
+    fake: FakeLambda, clock: FakeClock, key_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    adapter = make_provider(fake, clock, key_file)
+    errors: list[ProviderError] = []
+    try:
+        offer = await a10(adapter)
+        instance = await adapter.create(make_spec(), offer)
+        await adapter.get(instance.instance_id)
+        await adapter.list_ours()
+        await adapter.delete(instance.instance_id, grace_seconds=0)
+        # A server that echoes the key back, in every error path.
+        echo = error_body("global/invalid-api-key", f"key {API_KEY} is invalid", f"not {API_KEY}")
+        for endpoint in ("instance-types", "launch", "list", "get", "terminate"):
+            fake.fail(endpoint, 401, echo)
+        fake.fail("list", 503, echo, times=None)
+        calls = [
+            adapter.offers(),
+            adapter.create(make_spec(attempt=1), offer),
+            adapter.get("abc"),
+            adapter.delete("abc", grace_seconds=0),
+            adapter.list_ours(),
+        ]
+        for call in calls:
+            try:
+                await call
+            except ProviderError as exc:
+                errors.append(exc)
+    finally:
+        await adapter.close()
+    assert len(errors) == 5
+    for error in errors:
+        assert API_KEY not in str(error) and API_KEY not in repr(error)
+        assert "<redacted>" in str(error)
+    assert API_KEY not in caplog.text
+    assert API_KEY not in repr(adapter)
+
+
+def test_a_missing_credential_names_the_reference(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(ConfigError, match="file:"):
+        LambdaCloudProvider(make_config(missing))
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        LambdaCloudProvider(make_config(empty))
+
+
+# --- the rate limiter ---------------------------------------------------------------------
+
+
+async def test_rate_limiter_spaces_callers_in_order() -> None:
+    clock = FakeClock(start=0.0)
+    limiter = RateLimiter(2.0, clock=clock, sleep=clock.sleep)
+    passed: list[tuple[int, float]] = []
+
+    async def caller(n: int) -> None:
+        await limiter.acquire()
+        passed.append((n, clock.now))
+
+    await asyncio.gather(*(caller(n) for n in range(4)))
+    assert passed == [(0, 0.0), (1, 2.0), (2, 4.0), (3, 6.0)]
+    limiter.hold_off(10.0)
+    await limiter.acquire()
+    assert clock.now == 16.0
+
+
+@pytest.fixture(autouse=True)
+def _no_real_sleep(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Simulated time only: a real sleep of a second or more here is a bug."""
+    real = asyncio.sleep
+
+    async def guarded(delay: float, *args: Any, **kwargs: Any) -> Any:
+        assert delay < 1, f"real asyncio.sleep({delay}) in a Lambda unit test"
+        return await real(delay, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "sleep", guarded)
+    yield

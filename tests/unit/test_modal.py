@@ -1,0 +1,871 @@
+"""The Modal provider, against the in-memory fake of its client and a stub of the SDK surface.
+
+No test needs the ``modal`` package: ``ModalProvider`` runs on ``FakeSandboxClient``, and
+``ModalSandboxClient`` (the real client) runs on a stub ``modal`` module put in
+``sys.modules`` that records how the SDK is called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import types
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tenacity import wait_none
+
+from providers.contract import Provider
+from providers.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    ProviderError,
+    RateLimited,
+    Transient,
+)
+from providers.modal import (
+    ATTEMPT_TAG,
+    MANAGED_BY_TAG,
+    POD_UID_TAG,
+    TERMINATE_TAG,
+    ModalProvider,
+    SandboxInfo,
+    SandboxNameTaken,
+    SandboxRequest,
+    modal_gpu_string,
+    offer_sku,
+    sandbox_name,
+    sandbox_state,
+)
+from providers.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
+from tests.unit.fake_modal import FakeSandboxClient
+from vk_provider.config import ConfigError, ModalProviderConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "hunter2-very-secret-value"
+
+
+def make_config(**overrides: object) -> ModalProviderConfig:
+    data: dict[str, object] = {
+        "type": "modal",
+        "name": "modal-test",
+        "token_id": "env:TEST_MODAL_TOKEN_ID",
+        "token_secret": "env:TEST_MODAL_TOKEN_SECRET",
+        "sandbox_timeout_seconds": 7200,
+        "offers": [
+            {"gpu": "H100", "price_per_hour": 3.95, "vcpus": 16, "memory_gib": 64},
+            {"gpu": "A100-80GB", "count": 2, "price_per_hour": 5.0, "region": "us-east"},
+            {"gpu": "L40S", "price_per_hour": 1.95, "region": "eu-west"},
+        ],
+    }
+    data.update(overrides)
+    return ModalProviderConfig.model_validate(data)
+
+
+def make_spec(pod_uid: str = "0f6d7c3e-1b2a-4c5d-9e8f-001122334455", **fields: Any) -> WorkloadSpec:
+    values: dict[str, Any] = {
+        "pod_uid": pod_uid,
+        "namespace": "ns",
+        "pod_name": "p",
+        "container_name": "c",
+        "image": "vllm/vllm-openai:v0.6",
+        "command": ("python", "-m", "server"),
+        "gpu_count": 1,
+    }
+    values.update(fields)
+    return WorkloadSpec(**values)
+
+
+@pytest.fixture
+def fake() -> FakeSandboxClient:
+    return FakeSandboxClient()
+
+
+@pytest.fixture
+def provider(fake: FakeSandboxClient) -> ModalProvider:
+    return ModalProvider(make_config(), client=fake, retry_wait=wait_none())
+
+
+async def offer_of(provider: ModalProvider, sku: str) -> Offer:
+    return next(o for o in await provider.offers() if o.sku == sku)
+
+
+# --- module boundaries -----------------------------------------------------------------------
+
+
+def test_importing_the_adapter_does_not_import_modal() -> None:
+    code = (
+        "import sys, providers.modal; "
+        "assert 'modal' not in sys.modules, 'modal imported'; "
+        "assert 'providers.modal_sdk' not in sys.modules, 'modal_sdk imported'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_without_the_sdk_the_error_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from providers.modal_sdk import ModalSdkMissing
+
+    monkeypatch.setitem(sys.modules, "modal", None)  # `import modal` now raises ImportError
+    with pytest.raises(ModalSdkMissing, match=r"pip install") as raised:
+        ModalProvider(make_config())
+    assert "modal" in str(raised.value)
+    assert isinstance(raised.value, ImportError)
+
+
+def test_is_a_provider(provider: ModalProvider) -> None:
+    assert isinstance(provider, Provider)
+    assert provider.name == "modal-test"
+    assert provider.capabilities.logs and provider.capabilities.follow_logs
+
+
+# --- names, GPU strings and offers -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("gpu", "count", "expected"),
+    [("H100", 1, "H100"), ("A100-80GB", 2, "A100-80GB:2"), ("L40S", 8, "L40S:8")],
+)
+def test_gpu_string(gpu: str, count: int, expected: str) -> None:
+    assert modal_gpu_string(gpu, count) == expected
+
+
+def test_sku_spelling() -> None:
+    assert offer_sku("A100-80GB", 2) == "a100-80gb-x2"
+    assert offer_sku("H100!", 1) == "h100-exact-x1"
+    assert offer_sku("H100", 1) != offer_sku("H100!", 1)
+
+
+def test_sandbox_name_is_the_request_id_within_modal_rules() -> None:
+    assert sandbox_name("0f6d7c3e-1b2a-4c5d-9e8f-001122334455.3") == (
+        "vk-0f6d7c3e-1b2a-4c5d-9e8f-001122334455.3"
+    )
+    for awkward in ("uid with spaces.0", "u" * 80 + ".1", "ünïcode.0"):
+        name = sandbox_name(awkward)
+        assert name == sandbox_name(awkward)  # stable: it is the idempotency key
+        assert len(name) <= 64
+        assert all(c.isascii() and (c.isalnum() or c in "._-") for c in name)
+    assert sandbox_name("a" * 80 + ".1") != sandbox_name("a" * 80 + ".2")
+
+
+async def test_offers_come_from_configuration_with_canonical_names(
+    provider: ModalProvider,
+) -> None:
+    offers = {o.sku: o for o in await provider.offers()}
+    assert set(offers) == {"h100-x1", "a100-80gb-x2", "l40s-x1"}
+    h100 = offers["h100-x1"]
+    assert (h100.gpu_model, h100.gpu_count, h100.gpu_memory_gib) == ("H100-SXM", 1, 80)
+    assert (h100.vcpus, h100.memory_gib, h100.region, h100.price_per_hour) == (16, 64, "any", 3.95)
+    assert h100.key == "modal-test/h100-x1/any"
+    a100 = offers["a100-80gb-x2"]
+    assert (a100.gpu_model, a100.gpu_count, a100.gpu_memory_gib) == ("A100-80GB", 2, 80)
+    assert a100.available == 32  # max_gpus 64 / 2 per sandbox
+    assert offers["l40s-x1"].gpu_memory_gib == 48
+
+
+async def test_offers_honour_max_price_and_regions(fake: FakeSandboxClient) -> None:
+    provider = ModalProvider(make_config(max_price_per_hour=4.0, regions=["eu-west"]), client=fake)
+    # A100 x2 costs too much; L40S is in an allowed region; H100 "any" is placed in eu-west.
+    assert {o.sku for o in await provider.offers()} == {"h100-x1", "l40s-x1"}
+    await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    assert fake.requests[-1].regions == ("eu-west",)
+
+
+async def test_offers_count_gpus_in_use_against_max_gpus(fake: FakeSandboxClient) -> None:
+    provider = ModalProvider(make_config(max_gpus=4), client=fake)
+    a100 = await offer_of(provider, "a100-80gb-x2")
+    assert a100.available == 2
+    await provider.create(make_spec(gpu_count=2), a100)
+    assert (await offer_of(provider, "a100-80gb-x2")).available == 1
+    assert (await offer_of(provider, "h100-x1")).available == 2
+
+
+def test_two_offers_with_the_same_key_are_a_configuration_error() -> None:
+    offers = [{"gpu": "H100", "price_per_hour": 3}, {"gpu": "H100", "price_per_hour": 4}]
+    with pytest.raises(ConfigError, match="two offers"):
+        ModalProvider(make_config(offers=offers), client=FakeSandboxClient())
+
+
+# --- create ----------------------------------------------------------------------------------
+
+
+async def test_create_sends_gpu_resources_and_an_explicit_timeout(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    spec = make_spec(args=("--port", "8000"), working_dir="/srv", attempt=2, gpu_count=2)
+    instance = await provider.create(spec, await offer_of(provider, "a100-80gb-x2"))
+    request = fake.requests[-1]
+    assert request.gpu == "A100-80GB:2"
+    assert request.timeout_seconds == 7200  # the configured one, never the SDK's 300 s
+    assert (request.cpu, request.memory_mib) == (8, 32 * 1024)
+    assert request.regions == ("us-east",)
+    assert request.image == "vllm/vllm-openai:v0.6"
+    assert (request.command, request.args, request.workdir) == (
+        ("python", "-m", "server"),
+        ("--port", "8000"),
+        "/srv",
+    )
+    assert request.name == sandbox_name(spec.request_id)
+    assert request.tags[POD_UID_TAG] == spec.pod_uid
+    assert request.tags[ATTEMPT_TAG] == "2"
+    assert request.tags[MANAGED_BY_TAG] == "modal-test"
+    assert instance.pod_uid == spec.pod_uid and instance.attempt == 2
+    assert instance.offer_key == "modal-test/a100-80gb-x2/us-east"
+    assert instance.price_per_hour == 5.0
+    assert instance.state is InstanceState.PENDING  # just accepted
+
+
+async def test_create_is_idempotent_through_the_taken_name(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    offer = await offer_of(provider, "h100-x1")
+    first = await provider.create(make_spec(), offer)
+    second = await provider.create(make_spec(), offer)
+    assert second.instance_id == first.instance_id
+    assert second.state is InstanceState.RUNNING
+    assert len(fake.running()) == 1
+    assert fake.calls.count("from_name") == 1
+
+
+async def test_a_create_whose_answer_was_lost_finds_its_sandbox(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    offer = await offer_of(provider, "h100-x1")
+    spec = make_spec()
+    # The sandbox was made, but the answer never reached us: the retry meets the name.
+    made = await provider.create(spec, offer)
+    fake.requests.clear()
+    again = await provider.create(spec, offer)
+    assert again.instance_id == made.instance_id
+    assert fake.requests == []
+
+
+async def test_a_name_held_by_someone_else_is_not_taken_over(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    spec = make_spec()
+    fake.add_foreign(name=sandbox_name(spec.request_id))
+    with pytest.raises(InvalidSpec, match="did not make"):
+        await provider.create(spec, await offer_of(provider, "h100-x1"))
+
+
+async def test_a_name_freed_between_the_clash_and_the_lookup_is_transient(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    fake.fail("create", SandboxNameTaken("taken"))
+    with pytest.raises(Transient, match="retry"):
+        await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"image": ""}, "spec.containers[0].image"),
+        ({"command": (), "args": ()}, "spec.containers[0].command"),
+        ({"env": (EnvVar("BAD-NAME", "x"),)}, "spec.containers[0].env"),
+        ({"working_dir": "relative"}, "spec.containers[0].workingDir"),
+        ({"gpu_count": 4}, "spec.containers[0].resources.limits['nvidia.com/gpu']"),
+    ],
+)
+async def test_specs_modal_cannot_run_are_invalid(
+    provider: ModalProvider, fake: FakeSandboxClient, fields: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(InvalidSpec) as raised:
+        await provider.create(make_spec(**fields), await offer_of(provider, "h100-x1"))
+    assert raised.value.field == field
+    assert raised.value.provider == "modal-test"
+    assert fake.requests == []
+
+
+async def test_an_offer_of_another_provider_is_refused(provider: ModalProvider) -> None:
+    offer = Offer("other", "h100-x1", "any", "H100", 1, 80, 8, 32, 1.0)
+    with pytest.raises(InvalidSpec):
+        await provider.create(make_spec(), offer)
+
+
+# --- states ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "started", "asked", "state", "message"),
+    [
+        (None, True, False, InstanceState.RUNNING, ""),
+        (None, None, False, InstanceState.RUNNING, ""),
+        (None, False, False, InstanceState.PENDING, "waiting for Modal to schedule the sandbox"),
+        (None, True, True, InstanceState.TERMINATING, "termination requested"),
+        (137, True, True, InstanceState.TERMINATED, "terminated on request"),
+        (0, True, True, InstanceState.TERMINATED, "terminated on request"),
+        (124, True, False, InstanceState.LOST, "sandbox timed out"),
+        (137, True, False, InstanceState.LOST, "sandbox terminated by Modal"),
+        (0, True, False, InstanceState.EXITED, ""),
+        (3, True, False, InstanceState.EXITED, ""),
+    ],
+)
+def test_state_table(
+    exit_code: int | None,
+    started: bool | None,
+    asked: bool,
+    state: InstanceState,
+    message: str,
+) -> None:
+    info = SandboxInfo("sb-1", {}, exit_code=exit_code, started=started)
+    assert sandbox_state(info, termination_requested=asked) == (state, message)
+
+
+async def test_states_through_the_adapter(provider: ModalProvider, fake: FakeSandboxClient) -> None:
+    fake.auto_start = False
+    created = await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    sandbox_id = created.instance_id
+    assert (await provider.get(sandbox_id)).state is InstanceState.PENDING
+    fake.start(sandbox_id)
+    assert (await provider.get(sandbox_id)).state is InstanceState.RUNNING
+    fake.finish(sandbox_id, 3)
+    exited = await provider.get(sandbox_id)
+    assert (exited.state, exited.exit_code) == (InstanceState.EXITED, 3)
+    assert exited.finished_at is not None
+    fake.expire(sandbox_id)
+    timed_out = await provider.get(sandbox_id)
+    assert (timed_out.state, timed_out.message) == (InstanceState.LOST, "sandbox timed out")
+    fake.finish(sandbox_id, 137)
+    assert (await provider.get(sandbox_id)).state is InstanceState.LOST
+
+
+async def test_termination_we_asked_for_is_terminated_also_after_a_restart(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    created = await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    await provider.delete(created.instance_id, grace_seconds=30)
+    got = await provider.get(created.instance_id)
+    assert (got.state, got.exit_code) == (InstanceState.TERMINATED, 137)
+    assert fake.sandboxes[created.instance_id].tags[TERMINATE_TAG] == "requested"
+    restarted = ModalProvider(make_config(), client=fake)
+    assert (await restarted.get(created.instance_id)).state is InstanceState.TERMINATED
+
+
+async def test_a_termination_under_way_is_terminating(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    created = await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    fake.fail("terminate", Transient("UNAVAILABLE"), times=100)
+    with pytest.raises(Transient):
+        await provider.delete(created.instance_id, grace_seconds=0)
+    assert (await provider.get(created.instance_id)).state is InstanceState.TERMINATING
+
+
+# --- delete, get, list -----------------------------------------------------------------------
+
+
+async def test_delete_of_missing_or_finished_or_foreign_sandboxes(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    await provider.delete("sb-does-not-exist", grace_seconds=0)
+    foreign = fake.add_foreign()
+    await provider.delete(foreign, grace_seconds=0)
+    assert fake.sandboxes[foreign].running  # never touched
+    created = await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    fake.finish(created.instance_id, 0)
+    fake.calls.clear()
+    await provider.delete(created.instance_id, grace_seconds=0)
+    assert "terminate" not in fake.calls
+    assert (await provider.get(created.instance_id)).state is InstanceState.TERMINATED
+
+
+async def test_delete_still_terminates_when_tagging_fails(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    created = await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    fake.fail("set_tags", InvalidSpec("sandbox is finishing"))
+    await provider.delete(created.instance_id, grace_seconds=0)
+    assert not fake.sandboxes[created.instance_id].running
+
+
+async def test_get_of_a_foreign_or_unknown_sandbox_is_not_found(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    with pytest.raises(NotFound):
+        await provider.get("sb-nope")
+    with pytest.raises(NotFound) as raised:
+        await provider.get(fake.add_foreign())
+    assert raised.value.provider == "modal-test"
+
+
+async def test_list_ours_returns_only_our_running_sandboxes(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    fake.add_foreign()
+    fake.add_foreign(tags={MANAGED_BY_TAG: "other-agent", POD_UID_TAG: "x"})
+    fake.add_foreign(tags={MANAGED_BY_TAG: "modal-test"})  # our marker, but no pod: not ours
+    offer = await offer_of(provider, "h100-x1")
+    mine = await provider.create(make_spec("uid-a"), offer)
+    done = await provider.create(make_spec("uid-b"), offer)
+    fake.finish(done.instance_id, 0)
+    fake.calls.clear()
+    listed = await provider.list_ours()
+    assert [(i.instance_id, i.pod_uid) for i in listed] == [(mine.instance_id, "uid-a")]
+    assert fake.calls.count("list") == 1
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        NotFound("gone"),
+        CapacityUnavailable("quota"),
+        InvalidSpec("bad"),
+        AuthFailed("token"),
+        RateLimited("slow down"),
+        Transient("UNAVAILABLE"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+async def test_client_errors_keep_their_class_and_get_the_provider_name(
+    provider: ModalProvider, fake: FakeSandboxClient, error: ProviderError
+) -> None:
+    created = await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    fake.fail("get", error, times=100)
+    with pytest.raises(type(error)) as raised:
+        await provider.get(created.instance_id)
+    assert raised.value.provider == "modal-test"
+
+
+async def test_transient_and_rate_limited_calls_are_retried(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    fake.fail("list", Transient("UNAVAILABLE"))
+    fake.fail("list", RateLimited("rate limit", retry_after=0.0))
+    assert await provider.list_ours() == []
+    assert fake.calls.count("list") == 3
+
+
+async def test_retries_give_up(provider: ModalProvider, fake: FakeSandboxClient) -> None:
+    fake.fail("list", Transient("UNAVAILABLE"), times=100)
+    with pytest.raises(Transient):
+        await provider.list_ours()
+    assert fake.calls.count("list") == 4
+
+
+async def test_other_errors_are_not_retried(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    fake.fail("list", AuthFailed("token"), times=100)
+    with pytest.raises(AuthFailed):
+        await provider.list_ours()
+    assert fake.calls.count("list") == 1
+
+
+async def test_a_call_that_never_answers_is_transient(fake: FakeSandboxClient) -> None:
+    class Hanging(FakeSandboxClient):
+        async def list(self, tags: Mapping[str, str]) -> list[SandboxInfo]:
+            await asyncio.sleep(3600)
+            return []
+
+    provider = ModalProvider(
+        make_config(timeout_seconds=0.01),
+        client=Hanging(),
+        retry_attempts=2,
+        retry_wait=wait_none(),
+    )
+    with pytest.raises(Transient, match="no answer"):
+        await provider.list_ours()
+
+
+async def test_a_stray_exception_from_a_client_still_leaves_as_a_provider_error(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    fake.fail("list", KeyError("surprise"), times=100)
+    with pytest.raises(Transient, match="KeyError"):
+        await provider.list_ours()
+
+
+def test_rate_limits_wait_as_long_as_asked() -> None:
+    from tenacity import RetryCallState, Retrying
+
+    from providers.modal import _default_wait
+
+    state = RetryCallState(Retrying(), None, (), {})
+    state.set_exception((RateLimited, RateLimited("x", retry_after=7.0), None))
+    assert _default_wait(state) == 7.0
+    state.set_exception((Transient, Transient("x"), None))
+    assert 0 <= _default_wait(state) <= 30
+
+
+# --- secrets ---------------------------------------------------------------------------------
+
+
+async def test_secret_values_go_apart_and_never_into_messages_or_logs(
+    provider: ModalProvider, fake: FakeSandboxClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    spec = make_spec(env=(EnvVar("PLAIN", "visible"), EnvVar("HF_TOKEN", SECRET, secret=True)))
+    offer = await offer_of(provider, "h100-x1")
+    # Modal echoing the request back in an error must not leak the secret.
+    cause = RuntimeError(f"rejected HF_TOKEN={SECRET}")
+    error = CapacityUnavailable(f"modal create: quota for env HF_TOKEN={SECRET}")
+    error.__cause__ = cause
+    fake.fail("create", error)
+    with pytest.raises(CapacityUnavailable) as raised:
+        await provider.create(spec, offer)
+    assert SECRET not in str(raised.value)
+    assert "<redacted>" in str(raised.value)
+    assert raised.value.__cause__ is None
+
+    await provider.create(spec, offer)
+    request = fake.requests[-1]
+    assert request.env == {"PLAIN": "visible"}
+    assert request.secret_env == {"HF_TOKEN": SECRET}
+    assert SECRET not in repr(request)
+    assert SECRET not in caplog.text
+
+
+# --- logs ------------------------------------------------------------------------------------
+
+
+async def collect(stream: AsyncIterator[bytes]) -> list[bytes]:
+    return [chunk async for chunk in stream]
+
+
+async def test_logs_history_tail_and_limit(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    created = await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    fake.write(created.instance_id, b"one\n", b"two\n", b"three")
+    logs = provider.logs
+    assert await collect(logs(created.instance_id, LogOptions())) == [
+        b"one\n",
+        b"two\n",
+        b"three\n",
+    ]
+    tail = await collect(logs(created.instance_id, LogOptions(tail_lines=2)))
+    assert tail == [b"two\n", b"three\n"]
+    assert await collect(logs(created.instance_id, LogOptions(tail_lines=0))) == []
+    limited = await collect(logs(created.instance_id, LogOptions(limit_bytes=6)))
+    assert limited == [b"one\n", b"tw"]
+    with pytest.raises(NotFound):
+        await collect(logs("sb-nope", LogOptions()))
+    with pytest.raises(NotFound):
+        await collect(logs(fake.add_foreign(), LogOptions()))
+
+
+async def test_follow_with_tail_continues_until_the_sandbox_ends(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    created = await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    sandbox_id = created.instance_id
+    fake.write(sandbox_id, b"a\n", b"b\n", b"c\n")
+    reader = asyncio.create_task(
+        collect(provider.logs(sandbox_id, LogOptions(follow=True, tail_lines=1)))
+    )
+    await asyncio.sleep(0.01)
+    fake.write(sandbox_id, b"d\n")
+    await asyncio.sleep(0.01)
+    fake.finish(sandbox_id, 0)
+    assert await asyncio.wait_for(reader, 5) == [b"c\n", b"d\n"]
+
+
+async def test_close_closes_the_client(provider: ModalProvider, fake: FakeSandboxClient) -> None:
+    await provider.close()
+    assert fake.closed
+
+
+# --- the real client, on a stub of the SDK surface -------------------------------------------
+
+
+def _exception_module() -> types.ModuleType:
+    module = types.ModuleType("modal.exception")
+    classes: dict[str, tuple[str, ...]] = {
+        "Error": (),
+        "AlreadyExistsError": ("Error",),
+        "AuthError": ("Error",),
+        "PermissionDeniedError": ("Error",),
+        "VersionError": ("Error",),
+        "NotFoundError": ("Error",),
+        "InvalidError": ("Error",),
+        "ConflictError": ("InvalidError",),
+        "UnimplementedError": ("Error",),
+        "ResourceExhaustedError": ("Error",),
+        "ServiceError": ("Error",),
+        "InternalError": ("Error",),
+        "ConnectionError": ("Error",),
+        "TimeoutError": ("Error",),
+        "RemoteError": ("Error",),
+        "ImageBuildError": ("RemoteError",),
+        "ClientClosed": ("Error",),
+    }
+    for name, bases in classes.items():
+        parents = tuple(getattr(module, base) for base in bases) or (Exception,)
+        setattr(module, name, type(name, parents, {"__module__": "modal.exception"}))
+    return module
+
+
+EXC = _exception_module()
+
+
+class GRPCError(Exception):
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = types.SimpleNamespace(name=status)
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (EXC.AlreadyExistsError("name in use"), SandboxNameTaken),
+        (EXC.NotFoundError("no such sandbox"), NotFound),
+        (EXC.AuthError("bad token"), AuthFailed),
+        (EXC.PermissionDeniedError("no"), AuthFailed),
+        (EXC.VersionError("upgrade"), AuthFailed),
+        (EXC.ResourceExhaustedError("GPU quota exceeded"), CapacityUnavailable),
+        (EXC.ResourceExhaustedError("Rate limit exceeded"), RateLimited),
+        (EXC.InvalidError("Invalid GPU config"), InvalidSpec),
+        (EXC.ConflictError("finished"), InvalidSpec),
+        (EXC.UnimplementedError("no"), InvalidSpec),
+        (EXC.ImageBuildError("pull failed"), InvalidSpec),
+        (EXC.ServiceError("UNAVAILABLE"), Transient),
+        (EXC.InternalError("oops"), Transient),
+        (EXC.ConnectionError("reset"), Transient),
+        (EXC.TimeoutError("slow"), Transient),
+        (EXC.RemoteError("server"), Transient),
+        (EXC.ClientClosed(), Transient),
+        (EXC.Error("new kind"), Transient),
+        (TimeoutError(), Transient),
+        (OSError("network down"), Transient),
+        (ValueError("surprise"), Transient),
+        (GRPCError("NOT_FOUND"), NotFound),
+        (GRPCError("UNAUTHENTICATED"), AuthFailed),
+        (GRPCError("RESOURCE_EXHAUSTED"), CapacityUnavailable),
+        (GRPCError("INVALID_ARGUMENT"), InvalidSpec),
+        (GRPCError("UNAVAILABLE"), Transient),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else "",
+)
+def test_error_mapping_table(error: BaseException, expected: type[Exception]) -> None:
+    from providers.modal_sdk import translate_error
+
+    translated = translate_error(error, "create")
+    assert type(translated) is expected
+    assert str(translated).startswith("modal create: ")
+
+
+def test_an_image_that_cannot_be_built_names_the_image_field() -> None:
+    from providers.modal_sdk import translate_error
+
+    translated = translate_error(EXC.ImageBuildError("manifest unknown"), "create")
+    assert isinstance(translated, InvalidSpec)
+    assert translated.field == "spec.containers[0].image"
+
+
+class _Aio:
+    """A callable with an ``.aio`` form, as the SDK's synchronicity wrappers have."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.aio = function
+
+
+class _Lines:
+    def __init__(self, lines: list[str]) -> None:
+        self._lines = lines
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        for line in self._lines:
+            yield line
+
+
+class StubSandbox:
+    def __init__(self, sdk: StubModal, sandbox_id: str, tags: dict[str, str]) -> None:
+        self.object_id = sandbox_id
+        self.returncode: int | None = None
+        self.tags = tags
+        self.stdout = _Lines(["out 1\n", "out 2\n"])
+        self.stderr = _Lines(["err\n"])
+
+        async def get_tags() -> dict[str, str]:
+            return dict(self.tags)
+
+        async def set_tags(tags: dict[str, str]) -> None:
+            self.tags = dict(tags)
+
+        async def terminate() -> None:
+            sdk.calls.append(("terminate", sandbox_id))
+            self.returncode = 137
+
+        async def detach() -> None:
+            sdk.calls.append(("detach", sandbox_id))
+
+        self.get_tags = _Aio(get_tags)
+        self.set_tags = _Aio(set_tags)
+        self.terminate = _Aio(terminate)
+        self.detach = _Aio(detach)
+
+
+class StubImage:
+    def __init__(self, ref: str, entrypoint: list[str] | None = None) -> None:
+        self.ref = ref
+        self.entrypoint_override = entrypoint
+
+    def entrypoint(self, commands: list[str]) -> StubImage:
+        return StubImage(self.ref, commands)
+
+
+class StubModal(types.ModuleType):
+    """The parts of the ``modal`` module that ``ModalSandboxClient`` uses."""
+
+    def __init__(self) -> None:
+        super().__init__("modal")
+        self.calls: list[tuple[str, Any]] = []
+        self.sandboxes: dict[str, StubSandbox] = {}
+        self.exception = EXC
+        self.create_error: BaseException | None = None
+        sdk = self
+
+        async def from_credentials(token_id: str, token_secret: str) -> object:
+            sdk.calls.append(("credentials", (token_id, token_secret)))
+            return types.SimpleNamespace(name="client")
+
+        async def lookup(name: str, *, create_if_missing: bool, client: object) -> object:
+            sdk.calls.append(("lookup", (name, create_if_missing)))
+            return types.SimpleNamespace(app_id="ap-123", name=name)
+
+        async def create(*argv: str, **options: Any) -> StubSandbox:
+            sdk.calls.append(("create", (argv, options)))
+            if sdk.create_error is not None:
+                raise sdk.create_error
+            sandbox = StubSandbox(sdk, f"sb-{len(sdk.sandboxes)}", dict(options["tags"]))
+            sdk.sandboxes[sandbox.object_id] = sandbox
+            return sandbox
+
+        async def from_id(sandbox_id: str, *, client: object) -> StubSandbox:
+            if sandbox_id not in sdk.sandboxes:
+                raise EXC.NotFoundError(f"Sandbox {sandbox_id} not found")
+            return sdk.sandboxes[sandbox_id]
+
+        async def from_name(app_name: str, name: str, *, client: object) -> StubSandbox:
+            raise EXC.NotFoundError(f"no running sandbox {name} in {app_name}")
+
+        async def list_(
+            *, app_id: str, tags: dict[str, str], client: object
+        ) -> AsyncIterator[StubSandbox]:
+            sdk.calls.append(("list", (app_id, tags)))
+            for sandbox in list(sdk.sandboxes.values()):
+                if sandbox.returncode is None and tags.items() <= sandbox.tags.items():
+                    yield sandbox
+
+        self.Client = types.SimpleNamespace(from_credentials=_Aio(from_credentials))
+        self.App = types.SimpleNamespace(lookup=_Aio(lookup))
+        self.Image = types.SimpleNamespace(from_registry=StubImage)
+        self.Secret = types.SimpleNamespace(from_dict=lambda d: ("secret", dict(d)))
+        self.Sandbox = types.SimpleNamespace(
+            create=_Aio(create), from_id=_Aio(from_id), from_name=_Aio(from_name), list=_Aio(list_)
+        )
+
+
+@pytest.fixture
+def sdk(monkeypatch: pytest.MonkeyPatch) -> Iterator[StubModal]:
+    stub = StubModal()
+    monkeypatch.setitem(sys.modules, "modal", stub)
+    monkeypatch.setenv("TEST_MODAL_TOKEN_ID", "ak-id")
+    monkeypatch.setenv("TEST_MODAL_TOKEN_SECRET", "as-secret")
+    yield stub
+
+
+def _request(**fields: Any) -> SandboxRequest:
+    values: dict[str, Any] = {
+        "name": "vk-uid.0",
+        "tags": {MANAGED_BY_TAG: "modal-test", POD_UID_TAG: "uid"},
+        "image": "vllm/vllm-openai:v0.6",
+        "command": ("python", "-m", "server"),
+        "args": ("--port", "8000"),
+        "env": {"PLAIN": "visible"},
+        "secret_env": {"HF_TOKEN": SECRET},
+        "gpu": "A100-80GB:2",
+        "cpu": 8.0,
+        "memory_mib": 32768,
+        "regions": ("us-east",),
+        "timeout_seconds": 7200,
+        "workdir": "/srv",
+    }
+    values.update(fields)
+    return SandboxRequest(**values)
+
+
+async def test_the_real_client_is_built_lazily_and_calls_the_sdk_as_documented(
+    sdk: StubModal,
+) -> None:
+    from providers.modal_sdk import ModalSandboxClient
+
+    provider = ModalProvider(make_config())  # builds the real client: no call made yet
+    assert sdk.calls == []
+    await provider.close()
+
+    client = ModalSandboxClient(make_config())
+    sandbox_id = await client.create_sandbox(_request())
+    assert sdk.calls[0] == ("credentials", ("ak-id", "as-secret"))
+    assert sdk.calls[1] == ("lookup", ("vk-provider", True))
+    argv, options = sdk.calls[2][1]
+    assert argv == ("python", "-m", "server", "--port", "8000")
+    assert options["timeout"] == 7200
+    assert options["gpu"] == "A100-80GB:2"
+    assert (options["cpu"], options["memory"], options["region"]) == (8.0, 32768, ["us-east"])
+    assert options["name"] == "vk-uid.0" and options["workdir"] == "/srv"
+    assert options["env"] == {"PLAIN": "visible"}
+    assert options["secrets"] == [("secret", {"HF_TOKEN": SECRET})]
+    assert options["image"].ref == "vllm/vllm-openai:v0.6"
+    assert options["image"].entrypoint_override == []  # command replaces ENTRYPOINT
+    assert options["tags"][POD_UID_TAG] == "uid"
+    assert ("detach", sandbox_id) in sdk.calls
+
+    info = await client.get(sandbox_id)
+    assert (info.sandbox_id, info.exit_code, info.tags[POD_UID_TAG]) == (sandbox_id, None, "uid")
+    assert [i.sandbox_id for i in await client.list({MANAGED_BY_TAG: "modal-test"})] == [sandbox_id]
+    assert ("list", ("ap-123", {MANAGED_BY_TAG: "modal-test"})) in sdk.calls
+    assert await client.from_name("vk-other.0") is None
+    await client.set_tags(sandbox_id, {**info.tags, TERMINATE_TAG: "requested"})
+    assert (await client.get(sandbox_id)).tags[TERMINATE_TAG] == "requested"
+    await client.terminate(sandbox_id)
+    assert (await client.get(sandbox_id)).exit_code == 137
+    with pytest.raises(NotFound):
+        await client.get("sb-missing")
+    lines = sorted([line async for line in client.logs(sandbox_id, follow=False)])
+    assert lines == [b"err\n", b"out 1\n", b"out 2\n"]
+    assert sum(1 for call in sdk.calls if call[0] in ("credentials", "lookup")) == 2  # once
+
+
+async def test_the_real_client_keeps_the_image_entrypoint_for_args_only(sdk: StubModal) -> None:
+    from providers.modal_sdk import ModalSandboxClient
+
+    client = ModalSandboxClient(make_config())
+    await client.create_sandbox(_request(command=(), secret_env={}, env={}))
+    argv, options = next(call[1] for call in sdk.calls if call[0] == "create")
+    assert argv == ("--port", "8000")
+    assert options["image"].entrypoint_override is None
+    assert options["secrets"] == [] and options["env"] is None
+
+
+async def test_the_real_client_translates_a_taken_name(sdk: StubModal) -> None:
+    from providers.modal_sdk import ModalSandboxClient
+
+    sdk.create_error = EXC.AlreadyExistsError("Sandbox name vk-uid.0 is already in use")
+    with pytest.raises(SandboxNameTaken):
+        await ModalSandboxClient(make_config()).create_sandbox(_request())
+
+
+async def test_the_real_client_reports_missing_credentials_without_values(
+    sdk: StubModal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from providers.modal_sdk import ModalSandboxClient
+
+    monkeypatch.delenv("TEST_MODAL_TOKEN_SECRET")
+    with pytest.raises(AuthFailed, match="TEST_MODAL_TOKEN_SECRET") as raised:
+        await ModalSandboxClient(make_config()).get("sb-0")
+    assert "ak-id" not in str(raised.value)
