@@ -118,10 +118,25 @@ class _Faults:
     api_latency_seconds: float = 0.0
     fail_creates: int = 0
     create_error: str = "capacity"
+    call_failure_rate: float = 0.0
 
 
 _FAULT_KEYS = frozenset(
-    {"create_failure_rate", "api_latency_seconds", "fail_creates", "create_error"}
+    {
+        "create_failure_rate",
+        "api_latency_seconds",
+        "fail_creates",
+        "create_error",
+        "call_failure_rate",
+    }
+)
+# Flaky-cloud faults (``call_failure_rate``): any call may fail like a real API does, and a
+# create may even succeed and *then* report failure (a lost response), which is what makes
+# duplicates possible in real clouds.
+_CALL_ERRORS: tuple[Callable[[str], ProviderError], ...] = (
+    lambda p: Transient("injected 503 Service Unavailable", provider=p),
+    lambda p: RateLimited("injected 429 Too Many Requests", provider=p, retry_after=0.5),
+    lambda p: Transient("injected timeout", provider=p),
 )
 # What an injected create failure raises: the classes a real cloud answers with.
 _CREATE_ERRORS: dict[str, Callable[[str, str], ProviderError]] = {
@@ -169,6 +184,7 @@ def set_faults(
     api_latency_seconds: float | None = None,
     fail_creates: int | None = None,
     create_error: str | None = None,
+    call_failure_rate: float | None = None,
 ) -> None:
     """Override the configured faults of the provider using ``state_dir``; None leaves a value.
 
@@ -176,6 +192,10 @@ def set_faults(
     transient, rate_limited, auth; default that of the configuration).
     """
     updates: dict[str, float | int | str] = {}
+    if call_failure_rate is not None:
+        if not 0 <= call_failure_rate <= 1:
+            raise ValueError("call_failure_rate must be between 0 and 1")
+        updates["call_failure_rate"] = call_failure_rate
     if create_error is not None:
         if create_error not in _CREATE_ERRORS:
             raise ValueError(f"create_error must be one of {', '.join(_CREATE_ERRORS)}")
@@ -512,7 +532,10 @@ class LocalProvider:
         # No await from here on: the capacity check and the claim of the directory happen
         # without another call of this provider in between.
         with _io_errors_as_transient(self.name):
-            return self._create(spec, offer)
+            created = self._create(spec, offer)
+        if self._lost_response():
+            raise Transient("injected timeout after the create went through", provider=self.name)
+        return created
 
     async def get(self, instance_id: str) -> Instance:
         await self._delay()
@@ -561,9 +584,16 @@ class LocalProvider:
 
     async def _delay(self) -> None:
         with _io_errors_as_transient(self.name):
-            latency = self._faults().api_latency_seconds
-        if latency > 0:
-            await asyncio.sleep(latency)
+            faults = self._faults()
+        if faults.api_latency_seconds > 0:
+            await asyncio.sleep(faults.api_latency_seconds)
+        if faults.call_failure_rate > 0 and self._rng.random() < faults.call_failure_rate:
+            raise self._rng.choice(_CALL_ERRORS)(self.name)
+
+    def _lost_response(self) -> bool:
+        """A flaky create that worked but whose answer is lost on the way back."""
+        rate = self._faults().call_failure_rate
+        return rate > 0 and self._rng.random() < rate / 3
 
     def _faults(self) -> _Faults:
         configured = self._config.faults
@@ -577,6 +607,7 @@ class LocalProvider:
             ),
             fail_creates=int(overrides.get("fail_creates", 0)),
             create_error=str(overrides.get("create_error", configured.create_error)),
+            call_failure_rate=float(overrides.get("call_failure_rate", 0.0)),
         )
 
     def _create(self, spec: WorkloadSpec, offer: Offer) -> Instance:

@@ -7,15 +7,19 @@ Commands only parse arguments and print; the work lives in the modules they call
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -23,6 +27,19 @@ from vk_provider.config import ConfigError, load_config
 from vk_provider.localcluster.binaries import PINNED, Binaries, ensure_binaries
 from vk_provider.localcluster.cluster import LocalCluster
 from vk_provider.localcluster.errors import ClusterError
+from vk_provider.placement import CapacityType
+from vk_provider.restclient import (
+    DEFAULT_URL,
+    OutputFormat,
+    RestClient,
+    RestClientError,
+    check_token,
+    offers_table,
+    pods_table,
+    print_table,
+    providers_table,
+    read_token_file,
+)
 
 app = typer.Typer(
     help="vk-provider: a virtual Kubernetes node backed by rented GPU clouds.",
@@ -215,6 +232,134 @@ def demo(
         run_demo(name=name, binaries=obtain_binaries(), stop=stop, console=console, out=out)
     except (ClusterError, RuntimeError) as exc:
         raise _fail(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------- REST API queries
+
+URL_OPTION = typer.Option(
+    DEFAULT_URL, "--url", envvar="VK_PROVIDER_URL", help="Base URL of the agent's REST API."
+)
+TOKEN_OPTION = typer.Option(
+    None,
+    "--token",
+    envvar="VK_PROVIDER_TOKEN",
+    show_default=False,
+    help="Bearer token for the REST API.",
+)
+TOKEN_FILE_OPTION = typer.Option(
+    None,
+    "--token-file",
+    exists=True,
+    dir_okay=False,
+    readable=True,
+    help="Read the bearer token from this file (wins over --token and VK_PROVIDER_TOKEN).",
+)
+OUTPUT_OPTION = typer.Option(
+    OutputFormat.TABLE, "--output", "-o", help="table, or json (the API's answer as is)."
+)
+
+
+def _query_api(
+    *,
+    url: str,
+    token: str | None,
+    token_file: Path | None,
+    output: OutputFormat,
+    fetch: Callable[[RestClient], list[dict[str, Any]]],
+    render: Callable[[Sequence[dict[str, Any]]], Table],
+    nothing: str,
+) -> None:
+    """The shared body of the query commands: resolve the token, fetch, print."""
+    if not url.startswith(("http://", "https://")):
+        raise typer.BadParameter("must be an http:// or https:// URL", param_hint="--url")
+    if token_file is not None:
+        try:
+            token = read_token_file(token_file)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--token-file") from exc
+    elif token is not None:
+        try:
+            token = check_token(token)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--token") from exc
+    try:
+        with RestClient(url, token=token) as client:
+            data = fetch(client)
+    except RestClientError as exc:
+        raise _fail(escape(str(exc))) from exc
+    if output is OutputFormat.JSON:
+        typer.echo(json.dumps(data, indent=2))
+    elif not data:
+        console.print(nothing, highlight=False)
+    else:
+        print_table(out, render(data))
+
+
+@app.command("providers")
+def providers_command(
+    url: str = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    token_file: Path | None = TOKEN_FILE_OPTION,
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """Show a running agent's providers: health, circuit breaker, capacity, pods, cost."""
+    _query_api(
+        url=url,
+        token=token,
+        token_file=token_file,
+        output=output,
+        fetch=lambda client: client.providers(),
+        render=providers_table,
+        nothing="the agent has no providers",
+    )
+
+
+@app.command("offers")
+def offers_command(
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="GPU models, comma-separated; H100 matches every H100 variant."
+    ),
+    region: str | None = typer.Option(None, "--region", help="Regions, comma-separated."),
+    provider: str | None = typer.Option(None, "--provider", help="Providers, comma-separated."),
+    capacity_type: CapacityType = typer.Option(
+        CapacityType.ANY, "--capacity-type", help="on-demand, spot or any."
+    ),
+    url: str = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    token_file: Path | None = TOKEN_FILE_OPTION,
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """Show the offers a running agent knows, cheapest first."""
+    _query_api(
+        url=url,
+        token=token,
+        token_file=token_file,
+        output=output,
+        fetch=lambda client: client.offers(
+            gpu=gpu, region=region, provider=provider, capacity_type=capacity_type.value
+        ),
+        render=offers_table,
+        nothing="no offers match",
+    )
+
+
+@app.command("pods")
+def pods_command(
+    url: str = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    token_file: Path | None = TOKEN_FILE_OPTION,
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """Show where a running agent's pods run, since when, and at what price."""
+    _query_api(
+        url=url,
+        token=token,
+        token_file=token_file,
+        output=output,
+        fetch=lambda client: client.pods(),
+        render=pods_table,
+        nothing="the agent runs no pods",
+    )
 
 
 def main() -> None:

@@ -272,6 +272,9 @@ class IntervalsConfig(_Strict):
     orphan_grace_seconds: float = Field(
         20, ge=0, le=3600, description="How long an instance without a pod lives before it goes."
     )
+    retry_backoff_max_seconds: float = Field(
+        60, gt=0, le=3600, description="Longest wait between retries of an unplaceable pod."
+    )
     instance_lost_cooldown_seconds: float = Field(
         300, ge=0, description="How long an offer whose instance was lost is avoided."
     )
@@ -412,7 +415,10 @@ def format_validation_error(error: ValidationError) -> str:
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = "unknown key"
-        lines.append(f"{_field_path(location)}: {message}")
+        if not location and re.match(r"^[\w.\[\]]+: ", message):
+            lines.append(message)  # a model-level check that already names its field
+        else:
+            lines.append(f"{_field_path(location)}: {message}")
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ and the cluster. Invariant: every process it started is stopped before it return
 
 from __future__ import annotations
 
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,9 +27,10 @@ from rich.console import Console
 from providers.local import LocalProvider
 from vk_provider.config import LocalProviderConfig, load_config
 from vk_provider.localcluster.binaries import Binaries
-from vk_provider.localcluster.cluster import LocalCluster, free_ports
+from vk_provider.localcluster.cluster import LocalCluster, free_ports, port_is_free
 
 NODE_NAME = "vk-gpu"
+DEFAULT_REST_PORT = 8080
 NAMESPACE = "default"
 DEPLOYMENT = "inference"
 
@@ -110,11 +112,14 @@ while True:
 """
 
 
-def demo_config(*, kubelet_port: int, state_dir: Path, client_ca: Path) -> dict[str, Any]:
+def demo_config(
+    *, kubelet_port: int, rest_port: int, token_file: Path, state_dir: Path, client_ca: Path
+) -> dict[str, Any]:
     return {
         "node": {"name": NODE_NAME, "address": "127.0.0.1"},
         # The API server reaches the kubelet API with a client certificate from the cluster CA.
         "kubelet_api": {"listen": f"127.0.0.1:{kubelet_port}", "client_ca_file": str(client_ca)},
+        "rest": {"listen": f"127.0.0.1:{rest_port}", "static_token": f"file:{token_file}"},
         "intervals": {"restart_backoff_seconds": 5},
         "providers": [
             {"type": "local", "enabled": True, "state_dir": str(state_dir / p["name"]), **p}
@@ -199,9 +204,19 @@ def run_demo(
     try:
         kubeconfig = cluster.up(binaries, say=lambda m: console.print(f"  {m}"))
         state_dir = cluster.directory / "agent"
-        (kubelet_port,) = free_ports(1)
+        kubelet_port, spare = free_ports(2)
+        # The CLI's default REST address is :8080; use it when it is free.
+        rest_port = DEFAULT_REST_PORT if port_is_free(DEFAULT_REST_PORT) else spare
+        token = secrets.token_urlsafe(24)
+        token_file = cluster.directory / "rest-token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
         config = demo_config(
-            kubelet_port=kubelet_port, state_dir=state_dir, client_ca=cluster.pki.ca.cert
+            kubelet_port=kubelet_port,
+            rest_port=rest_port,
+            token_file=token_file,
+            state_dir=state_dir,
+            client_ca=cluster.pki.ca.cert,
         )
         config_path.write_text(yaml.safe_dump(config))
         log_path = cluster.directory / "logs" / "agent.log"
@@ -252,6 +267,14 @@ def run_demo(
             highlight=False,
         )
         out.print(f"  kubectl scale deployment/{DEPLOYMENT} --replicas=5", highlight=False)
+        out.print("\nAnd the agent's REST API (provider status, offers, pods, spend):")
+        out.print(f"  export VK_PROVIDER_URL=http://127.0.0.1:{rest_port}", highlight=False)
+        out.print(f"  export VK_PROVIDER_TOKEN=$(cat {token_file})", highlight=False)
+        out.print(
+            "  vk-provider providers; vk-provider offers --gpu H100; vk-provider pods",
+            highlight=False,
+        )
+        out.print(f"  curl http://127.0.0.1:{rest_port}/metrics", highlight=False)
         out.print("\nPress Ctrl-C to stop everything.")
         while not stop.is_set():
             if agent.poll() is not None:

@@ -21,7 +21,7 @@ from typing import TypeVar
 from providers.contract import Provider
 from providers.errors import ProviderError, Transient
 from providers.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
-from vk_provider.breaker import BreakerState, CircuitBreaker
+from vk_provider.breaker import BreakerState, CircuitBreaker, counts_as_failure
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -45,6 +45,11 @@ class GuardedProvider:
         self._inner = inner
         self.breaker = breaker
         self._observe = observe
+        self._clock = time.monotonic
+        self.last_answer: float | None = None  # any call the provider answered (even "no")
+
+    def answered_within(self, seconds: float) -> bool:
+        return self.last_answer is not None and self._clock() - self.last_answer <= seconds
 
     @property
     def name(self) -> str:
@@ -60,6 +65,8 @@ class GuardedProvider:
 
     def _outcome(self, operation: str, started: float, error: BaseException | None) -> None:
         self._observe(self.name, operation, time.monotonic() - started, error)
+        if error is None or not counts_as_failure(error):
+            self.last_answer = self._clock()
         before = self.breaker.state
         if error is None:
             self.breaker.record_success()

@@ -15,7 +15,8 @@ Failover rules (PRODUCT.md §7), one per error class:
 | ``RateLimited`` / ``Transient`` | stop and retry later on the same candidate (``retry_after``) |
 
 Invariants: a reservation is released whenever its create fails, so the ledger only ever
-holds launched or launching pods; blocked entries expire by the injected clock.
+holds launched or launching pods; blocked entries expire by the injected clock; an offer or
+provider blocked during the walk is not called again in the same walk.
 """
 
 from __future__ import annotations
@@ -99,23 +100,45 @@ class Launcher:
         self._priorities = dict(priorities or {})
         self._clock = clock
         self._blocked: dict[str, float] = {}  # offer key or provider name -> until
+        self._avoided: dict[str, float] = {}  # offer key -> until (an instance was lost there)
 
     def block(self, key: str, seconds: float) -> None:
+        """Skip an offer (or a whole provider) for a while: it said no capacity / no auth."""
         self._blocked[key] = max(self._blocked.get(key, 0.0), self._clock() + seconds)
 
-    def blocked(self) -> frozenset[str]:
+    def avoid(self, key: str, seconds: float) -> None:
+        """Prefer other offers for a while: an instance was lost there.
+
+        Softer than ``block``: a pod's first attempt skips avoided offers (so the replacement
+        of a lost pod goes elsewhere if it can), its retries may use them (so a single-offer
+        setup recovers after one back-off instead of waiting out the cool-down).
+        """
+        self._avoided[key] = max(self._avoided.get(key, 0.0), self._clock() + seconds)
+
+    @staticmethod
+    def _current(entries: dict[str, float], now: float) -> frozenset[str]:
+        for key in [k for k, until in entries.items() if until <= now]:
+            del entries[key]
+        return frozenset(entries)
+
+    def blocked(self, *, include_avoided: bool = False) -> frozenset[str]:
         now = self._clock()
-        for key in [k for k, until in self._blocked.items() if until <= now]:
-            del self._blocked[key]
-        return frozenset(self._blocked)
+        hard = self._current(self._blocked, now)
+        return hard | self._current(self._avoided, now) if include_avoided else hard
 
     def rank(
-        self, request: PlacementRequest, offers: list[Offer], *, namespace: str, uid: str
+        self,
+        request: PlacementRequest,
+        offers: list[Offer],
+        *,
+        namespace: str,
+        uid: str,
+        allow_avoided: bool = True,
     ) -> Placement:
         return place(
             request,
             offers,
-            blocked=self.blocked(),
+            blocked=self.blocked(include_avoided=not allow_avoided),
             health=self._health(),
             budget=self.ledger.view(namespace, excluding=uid),
             priorities=self._priorities,
@@ -129,15 +152,31 @@ class Launcher:
         offers: list[Offer],
         *,
         prefer: str | None = None,
+        allow_avoided: bool = True,
     ) -> LaunchResult:
-        placement = self.rank(request, offers, namespace=spec.namespace, uid=spec.pod_uid)
+        placement = self.rank(
+            request,
+            offers,
+            namespace=spec.namespace,
+            uid=spec.pod_uid,
+            allow_avoided=allow_avoided,
+        )
         candidates = list(placement.candidates)
         if prefer:
             # Retrying after a 429/5xx: the same candidate first, if it still qualifies.
             candidates.sort(key=lambda o: o.key != prefer)
         attempts: list[Attempt] = []
         budget_skipped = 0
-        for offer in candidates[: self._settings.max_candidates]:
+        walked = 0
+        for offer in candidates:
+            if walked >= self._settings.max_candidates:
+                break
+            blocked = self.blocked()
+            if offer.key in blocked or offer.provider in blocked:
+                # Blocked during this walk (an AuthFailed blocks the provider's other offers
+                # too): not a candidate any more, and it does not use up a place in the walk.
+                continue
+            walked += 1
             if not self.ledger.reserve(
                 spec.pod_uid,
                 namespace=spec.namespace,

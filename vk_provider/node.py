@@ -188,8 +188,11 @@ class NodeController:
         status_seconds: float,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         on_lease_failure: Callable[[], None] = lambda: None,
+        responsive: Callable[[float], set[str]] | None = None,
     ) -> None:
         self._on_lease_failure = on_lease_failure
+        # Which providers answered any call lately; default: their offers calls.
+        self._responsive = responsive or (lambda within: offers.responsive(within))
         self._kube = kube
         self._config = config
         self._offers = offers
@@ -209,7 +212,7 @@ class NodeController:
     def _providers_answer(self) -> bool:
         # "Providers answer" = one answered within three lease periods (a slow provider must
         # not flap the node, a dead set of providers must stop the Lease).
-        return bool(self._offers.responsive(within_seconds=3 * self._lease_seconds + 30))
+        return bool(self._responsive(3 * self._lease_seconds + 30))
 
     async def register(self) -> None:
         existing = await self._kube.get_node(self.name)

@@ -73,6 +73,9 @@ ANN_PRICE = "vk-provider.io/price-per-hour"
 
 PodKey = tuple[str, str]  # (namespace, name)
 _ADOPTABLE = (InstanceState.PENDING, InstanceState.RUNNING)
+_FINISHED = (InstanceState.TERMINATED, InstanceState.EXITED, InstanceState.LOST)
+# How far past its grace period a deleted pod may stay while we wait for its instance.
+DELETION_SLACK_SECONDS = 5.0
 
 MAX_BACKOFF = 300.0
 
@@ -83,6 +86,7 @@ class PodTimings:
     restart_backoff_seconds: float = 10.0
     retry_backoff_seconds: float = 5.0
     instance_lost_cooldown_seconds: float = 300.0
+    retry_backoff_max_seconds: float = 60.0
     capacity_block_seconds: float = 60.0
     watch_timeout_seconds: int = 60
 
@@ -96,6 +100,7 @@ class _PodMemory:
     instance_id: str | None = None
     retries: int = 0
     prefer: str | None = None  # offer key to retry first after a 429 / 5xx
+    failures: int = 0  # syncs in a row that raised (back-off of the next retry)
 
 
 def backoff(base: float, attempt: int) -> float:
@@ -274,8 +279,22 @@ class PodController:
                 return
             try:
                 await self.sync(key)
+                memory = self._memory.get(key)
+                if memory:
+                    memory.failures = 0
             except ConflictError:
                 self.queue.add_after(key, 0.2)  # someone wrote the pod meanwhile: re-read
+            except (ProviderError, ApiError) as exc:
+                # Expected weather (a provider's 429/5xx, an API hiccup): retry with back-off.
+                memory = self._memory.get(key)
+                attempt = memory.failures if memory else 0
+                if memory:
+                    memory.failures += 1
+                # Capped low: a sync error (unlike "no capacity") says nothing about how long
+                # to wait, and a deleting pod must not sit out a long back-off.
+                delay = min(backoff(self._timings.retry_backoff_seconds, attempt), 10.0)
+                log.warning("sync of pod %s/%s: %s; retrying in %.1fs", *key, exc, delay)
+                self.queue.add_after(key, delay)
             except Exception:
                 log.exception("sync of pod %s/%s failed; retrying", *key)
                 self.queue.add_after(key, 2.0)
@@ -353,34 +372,34 @@ class PodController:
     # ------------------------------------------------------------------ deletion
 
     async def _sync_deletion(self, key: PodKey, pod: JSON) -> None:
+        """Terminate the instance within the pod's grace period, then delete the pod.
+
+        The pod never outlives its grace period by more than ``DELETION_SLACK_SECONDS``
+        because of us: if the provider cannot confirm the instance is gone by then (errors,
+        a slow terminate), the pod is deleted anyway and the instance, which still carries
+        the pod's UID, is terminated by reconciliation as an orphan.
+        """
         metadata = _meta(pod)
-        annotations = _annotations(pod)
-        provider_name = annotations.get(ANN_PROVIDER)
-        instance_id = annotations.get(ANN_INSTANCE)
-        if provider_name in self._providers and instance_id:
-            provider = self._providers[provider_name]
-            try:
-                instance = await provider.get(instance_id)
-            except NotFound:
-                instance = None
-            if instance is not None and instance.state not in (
-                InstanceState.TERMINATED,
-                InstanceState.EXITED,
-                InstanceState.LOST,
-            ):
-                deadline = _parse_time(metadata.get("deletionTimestamp"))
-                remaining = (
-                    max((deadline - datetime.now(UTC)).total_seconds(), 0.0) if deadline else 0.0
-                )
-                if instance.state is not InstanceState.TERMINATING:
-                    await self._events.record(
-                        pod, "Normal", events.KILLING, f"Stopping container {self._container(pod)}"
-                    )
-                await provider.delete(instance_id, grace_seconds=remaining)
-                self.queue.add_after(key, 0.5)
+        deadline = _parse_time(metadata.get("deletionTimestamp"))
+        now = datetime.now(UTC)
+        remaining = max((deadline - now).total_seconds(), 0.0) if deadline else 0.0
+        overdue = deadline is not None and (now - deadline).total_seconds() > DELETION_SLACK_SECONDS
+        try:
+            finished = await self._terminate_for_deletion(pod, remaining)
+        except ProviderError as exc:
+            if not overdue:
+                self.queue.add_after(key, min(1.0, max(remaining, 0.2)))
                 return
-            # Release what is left (a finished instance, or a provider's retained logs).
-            await provider.delete(instance_id, grace_seconds=0)
+            log.warning(
+                "pod %s/%s: instance not confirmed gone (%s); deleting the pod, "
+                "reconciliation terminates the instance",
+                *key,
+                exc,
+            )
+            finished = True
+        if not finished and not overdue:
+            self.queue.add_after(key, 0.5)
+            return
         await self._kube.delete_pod_now(
             str(metadata["namespace"]), str(metadata["name"]), uid=str(metadata["uid"])
         )
@@ -391,6 +410,29 @@ class PodController:
         self._events.forget(str(metadata.get("uid")))
         if self._ledger.release(str(metadata.get("uid"))):
             self._room_appeared()
+
+    async def _terminate_for_deletion(self, pod: JSON, remaining: float) -> bool:
+        """One step of terminating a deleted pod's instance; True once nothing runs."""
+        annotations = _annotations(pod)
+        provider_name = annotations.get(ANN_PROVIDER)
+        instance_id = annotations.get(ANN_INSTANCE)
+        if provider_name not in self._providers or not instance_id:
+            return True
+        provider = self._providers[provider_name]
+        try:
+            instance: Instance | None = await provider.get(instance_id)
+        except NotFound:
+            instance = None
+        if instance is not None and instance.state not in _FINISHED:
+            if instance.state is not InstanceState.TERMINATING:
+                await self._events.record(
+                    pod, "Normal", events.KILLING, f"Stopping container {self._container(pod)}"
+                )
+            await provider.delete(instance_id, grace_seconds=remaining)
+            return False
+        # Release what is left (a finished instance, or a provider's retained logs).
+        await provider.delete(instance_id, grace_seconds=0)
+        return True
 
     async def _release(self, pod: JSON) -> None:
         """A terminal pod keeps no instance running.
@@ -486,7 +528,10 @@ class PodController:
         # Not retried: the next change of the pod queues it again.
 
     def _retry_later(self, key: PodKey, memory: _PodMemory) -> float:
-        delay = backoff(self._timings.retry_backoff_seconds, memory.retries)
+        delay = min(
+            backoff(self._timings.retry_backoff_seconds, memory.retries),
+            self._timings.retry_backoff_max_seconds,
+        )
         memory.retries += 1
         self.queue.add_after(key, delay)
         return delay
@@ -519,7 +564,9 @@ class PodController:
             await self._adopt_existing(key, pod, max(existing, key=lambda i: i.attempt))
             return
         offers = await self._offers.offers()
-        result = await self._launcher.launch(spec, request, offers, prefer=memory.prefer)
+        result = await self._launcher.launch(
+            spec, request, offers, prefer=memory.prefer, allow_avoided=memory.retries > 0
+        )
         self._count(result)
         for attempt in result.attempts:
             await self._events.record(
@@ -619,12 +666,25 @@ class PodController:
 
     async def reconcile_loop(self, *, interval: float, grace: float) -> None:
         """Reconcile every ``interval`` once the pod watch has listed the node's pods."""
+        born = time.monotonic()
+        first = True
         while True:
             await self.watch_live.wait()  # never plan against a partial view of the pods
             try:
-                await self.reconcile_once(grace=grace)
+                plan = await self.reconcile_once(grace=grace)
             except Exception:  # one bad cycle must not stop reconciliation
                 log.exception("reconcile cycle failed")
+            else:
+                if first and all(self.tracker.fresh(name) for name in self._providers):
+                    first = False
+                    log.info(
+                        "first reconciliation complete %.1fs after start: %d pods, "
+                        "%d instances, %d actions",
+                        time.monotonic() - born,
+                        len(self._pods),
+                        len(self.tracker.all()),
+                        len(plan.actions),
+                    )
             await asyncio.sleep(interval)
 
     def _count(self, result: LaunchResult) -> None:
@@ -721,7 +781,7 @@ class PodController:
     ) -> None:
         offer_key = annotations.get(ANN_OFFER, "")
         if offer_key:
-            self._launcher.block(offer_key, self._timings.instance_lost_cooldown_seconds)
+            self._launcher.avoid(offer_key, self._timings.instance_lost_cooldown_seconds)
         message = (
             f"instance {annotations.get(ANN_INSTANCE)} on {provider_name} was lost: {why}; "
             f"offer {offer_key or '?'} avoided for "

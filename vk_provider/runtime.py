@@ -22,10 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from providers.contract import Provider
+from providers.lambda_cloud import LambdaCloudProvider
 from providers.local import LocalProvider
+from providers.modal import ModalProvider
+from providers.runpod import RunPodProvider
 from vk_provider.breaker import CircuitBreaker
 from vk_provider.budget import BudgetCaps, BudgetLedger
-from vk_provider.config import AgentConfig, LocalProviderConfig
+from vk_provider.config import (
+    AgentConfig,
+    KubernetesProviderConfig,
+    LambdaProviderConfig,
+    LocalProviderConfig,
+    ModalProviderConfig,
+    RunPodProviderConfig,
+)
 from vk_provider.events import EventRecorder
 from vk_provider.guarded import GuardedProvider
 from vk_provider.kube import KubeClient
@@ -46,6 +56,7 @@ from vk_provider.node import NodeController, default_address
 from vk_provider.offers import OfferBook
 from vk_provider.placement import PlacementPolicy, ProviderHealth
 from vk_provider.pods import PodController, PodTimings
+from vk_provider.rest import RestAuth, RestServer, StaticTokenAuth, TokenReviewAuth, build_app
 from vk_provider.view import AgentView, Readiness
 
 log = logging.getLogger(__name__)
@@ -64,6 +75,17 @@ def build_providers(config: AgentConfig, *, state_dir: Path) -> dict[str, Provid
     for entry in config.providers:
         if isinstance(entry, LocalProviderConfig):
             providers[entry.name] = LocalProvider(entry, state_dir=state_dir / "local" / entry.name)
+        elif isinstance(entry, RunPodProviderConfig):
+            providers[entry.name] = RunPodProvider(entry)
+        elif isinstance(entry, LambdaProviderConfig):
+            providers[entry.name] = LambdaCloudProvider(entry)
+        elif isinstance(entry, ModalProviderConfig):
+            # The modal SDK is an optional dependency, imported only when configured.
+            providers[entry.name] = ModalProvider(entry)
+        elif isinstance(entry, KubernetesProviderConfig):
+            from providers.kubernetes import KubernetesProvider
+
+            providers[entry.name] = KubernetesProvider(entry)
         else:
             raise ValueError(f"provider {entry.name!r}: type {entry.type!r} is not available yet")
     return providers
@@ -109,6 +131,7 @@ class Agent:
     kubelet_api: KubeletApiServer
     metrics: Metrics
     view: AgentView
+    rest_api: RestServer
 
     @classmethod
     async def create(
@@ -132,12 +155,13 @@ class Agent:
             )
         in_cluster_ca = IN_CLUSTER_CA if IN_CLUSTER_CA.exists() else None  # noqa: ASYNC240 - once
         client_ca = api_cfg.client_ca_file or in_cluster_ca
+        token_reviews = TokenReviewAuthenticator(kube)
         kubelet_api = KubeletApiServer(
             node_name=config.node.name,
             host=api_cfg.host,
             port=api_cfg.port,
             ssl_context=build_server_ssl_context(cert, key, client_ca),
-            authenticator=TokenReviewAuthenticator(kube),
+            authenticator=token_reviews,
             authorizer=SubjectAccessReviewAuthorizer(kube),
             logs=PodLogSource(kube, providers, node_name=config.node.name),
         )
@@ -179,6 +203,7 @@ class Agent:
                 status_poll_seconds=intervals.pod_status_seconds,
                 restart_backoff_seconds=intervals.restart_backoff_seconds,
                 retry_backoff_seconds=intervals.retry_backoff_seconds,
+                retry_backoff_max_seconds=intervals.retry_backoff_max_seconds,
                 instance_lost_cooldown_seconds=intervals.instance_lost_cooldown_seconds,
             ),
             workers=config.workers,
@@ -194,6 +219,9 @@ class Agent:
             lease_duration_seconds=intervals.lease_duration_seconds,
             status_seconds=intervals.node_status_seconds,
             on_lease_failure=metrics.lease_renewal_failures.inc,
+            responsive=lambda within: {
+                name for name, p in guarded.items() if p.answered_within(within)
+            },
         )
 
         def readiness() -> Readiness:
@@ -213,12 +241,30 @@ class Agent:
             readiness=readiness,
         )
         metrics.attach(view)
-        return cls(config, kube, providers, offers, node, pods, kubelet_api, metrics, view)
+        rest_cfg = config.rest
+        auth: RestAuth = (
+            StaticTokenAuth(rest_cfg.static_token.resolve())
+            if rest_cfg.static_token
+            else TokenReviewAuth(token_reviews)
+        )
+        rest_api = RestServer(
+            app=build_app(
+                view=view, metrics=metrics, auth=auth, open_metrics=rest_cfg.open_metrics
+            ),
+            host=rest_cfg.host,
+            port=rest_cfg.port,
+        )
+        return cls(
+            config, kube, providers, offers, node, pods, kubelet_api, metrics, view, rest_api
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set (clean exit) or a root task dies (``AgentFailed``)."""
-        await self.kubelet_api.start()
+        # REST first: /healthz answers and /readyz says 503 while the node registers.
+        await self.rest_api.start()
+        log.info("REST API on %s:%d", self.config.rest.host, self.rest_api.port)
         try:
+            await self.kubelet_api.start()
             # The node advertises the port actually bound (0 in tests means "any free port").
             self.node.kubelet_port = self.kubelet_api.port
             await self.offers.refresh()
@@ -243,6 +289,8 @@ class Agent:
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.kubelet_api.stop(), SHUTDOWN_SECONDS)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.rest_api.stop(), SHUTDOWN_SECONDS)
             for provider in self.providers.values():
                 with contextlib.suppress(Exception):
                     await provider.close()

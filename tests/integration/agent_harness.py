@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from vk_provider.config import LocalProviderConfig
 from vk_provider.localcluster.cluster import LocalCluster
 
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Exists"}
+REST_TOKEN = "test-rest-token"
 
 DEFAULT_OFFERS: list[dict[str, Any]] = [
     {
@@ -93,6 +95,11 @@ class AgentProcess:
             self.process.wait()
             raise
 
+    def rest_url(self) -> str | None:
+        """The REST API's address, from the agent's log (it binds a free port in tests)."""
+        found = re.findall(r"REST API on ([\d.]+):(\d+)", self.log_text())
+        return f"http://{found[-1][0]}:{found[-1][1]}" if found else None
+
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -120,6 +127,8 @@ class AgentHarness:
         node_name = f"vk-{uuid.uuid4().hex[:8]}"
         root = self._tmp / node_name
         root.mkdir(parents=True)
+        token_file = root / "rest-token"
+        token_file.write_text(REST_TOKEN)
         entries = providers or [{"name": "local-a", "offers": DEFAULT_OFFERS}]
         provider_dirs = {p["name"]: root / "instances" / p["name"] for p in entries}
         config = {
@@ -128,6 +137,7 @@ class AgentHarness:
                 "listen": "127.0.0.1:0",
                 "client_ca_file": str(self._cluster.pki.ca.cert),
             },
+            "rest": {"listen": "127.0.0.1:0", "static_token": f"file:{token_file}"},
             "intervals": {
                 "lease_seconds": 2,
                 "node_status_seconds": 5,

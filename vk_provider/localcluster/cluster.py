@@ -113,7 +113,7 @@ class ClusterStatus:
         return self.exists and self.apiserver_ready and all(c.running for c in self.components)
 
 
-def _port_is_free(port: int) -> bool:
+def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -280,6 +280,32 @@ class LocalCluster:
             shutil.rmtree(self.directory, ignore_errors=True)
             say(f"removed {self.directory}")
 
+    def restart(self, component: str, binaries: Binaries, *, timeout: float = 90.0) -> None:
+        """Stop one component and start it again (fault tests: an API server restart)."""
+        if component not in COMPONENT_ORDER:
+            raise ClusterError(f"unknown component {component!r}")
+        with self._locked():
+            state = self._load_state()
+            ports = self._ports(state)
+            if ports is None:
+                raise ClusterError(f"cluster {self.name!r} has not been started")
+            record = self._records(state).get(component)
+            if record is not None:
+                stop_process(record)
+            record = start_process(
+                component,
+                self._commands(binaries, ports)[component],
+                log_file=self.log_file(component),
+                cwd=self.directory,
+            )
+            processes = state.setdefault("processes", {})
+            assert isinstance(processes, dict)
+            processes[component] = record.to_json()
+            self._save_state(state)
+            self._wait_healthy(
+                component, record, self._health_checks(ports)[component], timeout=timeout
+            )
+
     def status(self) -> ClusterStatus:
         state = self._load_state() if self.directory.exists() else {}
         records = self._records(state)
@@ -320,7 +346,7 @@ class LocalCluster:
             if component in skip:
                 continue
             for port in numbers:
-                if not _port_is_free(port):
+                if not port_is_free(port):
                     raise ClusterError(
                         f"port {port} for {component} of cluster {self.name!r} is taken by "
                         "another process; stop that process, or run "

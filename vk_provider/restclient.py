@@ -1,0 +1,357 @@
+"""The operator's side of the REST API: fetching JSON from a running agent and drawing tables.
+
+``RestClient`` makes the HTTP calls of ``vk-provider providers | offers | pods`` and translates
+every failure, once, into a ``RestClientError`` whose message is one line an operator can act
+on (unreachable, token refused, any other HTTP error). The ``*_table`` functions are pure: the
+JSON exactly as the API serves it in, a ``rich`` table out.
+
+Invariants:
+- The token travels only in the ``Authorization`` header; it is never part of a message.
+- Every cell is plain text (``rich.text.Text``), never markup, so an error message such as
+  ``[Errno 111]`` or a provider name with brackets is shown as it is.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+JSONObject = dict[str, Any]
+DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_TIMEOUT_SECONDS = 10.0
+
+_BREAKER_STYLES = {"closed": "green", "half-open": "yellow", "open": "bold red"}
+_PHASE_STYLES = {"Running": "green", "Pending": "yellow", "Failed": "red", "Succeeded": "dim"}
+
+
+class OutputFormat(enum.StrEnum):
+    TABLE = "table"
+    JSON = "json"
+
+
+class RestClientError(Exception):
+    """The query failed; the message is one line for the operator."""
+
+
+class ApiUnreachable(RestClientError):
+    """No HTTP answer at all: wrong URL, agent down, network."""
+
+
+class TokenRefused(RestClientError):
+    """The API answered 401."""
+
+
+class ApiFailed(RestClientError):
+    """The API answered with another error, or with something that is not its JSON."""
+
+
+def check_token(token: str) -> str:
+    """``token`` if it can be a bearer token (printable ASCII, no spaces); else ``ValueError``.
+
+    The message never repeats the token.
+    """
+    if not token or not token.isascii() or not token.isprintable() or " " in token:
+        raise ValueError("is not a bearer token (empty, or has spaces or non-ASCII characters)")
+    return token
+
+
+def read_token_file(path: Path) -> str:
+    """The token in ``path`` (surrounding whitespace removed); ``ValueError`` names the problem."""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path} ({exc.strerror})") from exc
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file") from None
+    if not token:
+        raise ValueError(f"{path} is empty")
+    try:
+        return check_token(token)
+    except ValueError as exc:
+        raise ValueError(f"{path} {exc}") from None
+
+
+class RestClient:
+    """Synchronous client of one agent's REST API (the CLI is synchronous)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url
+        self._has_token = bool(token)
+        self._timeout = timeout
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(
+            base_url=url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RestClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def providers(self) -> list[JSONObject]:
+        return self._get_list("/v1/providers")
+
+    def offers(
+        self,
+        *,
+        gpu: str | None = None,
+        region: str | None = None,
+        provider: str | None = None,
+        capacity_type: str = "any",
+    ) -> list[JSONObject]:
+        params = {"capacity_type": capacity_type}
+        for name, value in (("gpu", gpu), ("region", region), ("provider", provider)):
+            if value:
+                params[name] = value
+        return self._get_list("/v1/offers", params)
+
+    def pods(self) -> list[JSONObject]:
+        return self._get_list("/v1/pods")
+
+    def _get_list(self, path: str, params: Mapping[str, str] | None = None) -> list[JSONObject]:
+        where = f"the vk-provider REST API at {self.url}"
+        try:
+            response = self._http.get(path, params=params)
+        except httpx.TimeoutException as exc:
+            raise ApiUnreachable(
+                f"cannot reach {where}: no answer within {self._timeout:g}s"
+            ) from exc
+        except httpx.HTTPError as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ApiUnreachable(f"cannot reach {where}: {reason}") from exc
+        if response.status_code == 401:
+            if not self._has_token:
+                raise TokenRefused(
+                    f"{where} needs a token: pass --token or --token-file, or set VK_PROVIDER_TOKEN"
+                )
+            raise TokenRefused(f"the token was refused by {where}")
+        if response.is_error:
+            raise ApiFailed(
+                f"{where} answered {response.status_code} for {path}: {_error_message(response)}"
+            )
+        try:
+            data = response.json()
+        except ValueError:
+            raise ApiFailed(f"{where} answered {path} with something that is not JSON") from None
+        if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+            raise ApiFailed(f"{where} answered {path} with unexpected JSON (not a list)")
+        return data
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The message of the API's JSON error body, or the HTTP reason if there is none."""
+    try:
+        body = response.json()
+        message = body["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return response.reason_phrase or "error"
+    return str(message)
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def format_price(per_hour: float | None) -> str:
+    """``$1.3900/h``: four decimals, because cheap CPU offers cost fractions of a cent."""
+    if per_hour is None:
+        return "-"
+    return f"${per_hour:.4f}/h"
+
+
+def format_age(seconds: float | None) -> str:
+    """A duration as kubectl prints ages: ``45s``, ``12m``, ``5h``, ``3d``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{int(seconds)}s"
+    if seconds < 2 * 3600:
+        return f"{int(seconds // 60)}m"
+    if seconds < 48 * 3600:
+        return f"{int(seconds // 3600)}h"
+    return f"{int(seconds // 86400)}d"
+
+
+def _number(value: Any) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _gib(value: Any) -> str:
+    return "-" if not value else f"{value:g} GiB"
+
+
+def _gpus(count: Any, model: Any) -> str:
+    return f"{count}x {model}" if count and model else "none"
+
+
+def _text(value: Any, style: str = "") -> Text:
+    return Text("-" if value is None or value == "" else str(value), style=style)
+
+
+def _table(*columns: tuple[str, str]) -> Table:
+    """Columns as (header, "l" or "r" for the justification)."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, header_style="bold", pad_edge=False)
+    for header, justify in columns:
+        table.add_column(header, justify="right" if justify == "r" else "left")
+    return table
+
+
+def providers_table(providers: Sequence[Mapping[str, Any]]) -> Table:
+    """``GET /v1/providers`` as a table: health first, then capacity and cost, then failures."""
+    table = _table(
+        ("NAME", "l"),
+        ("TYPE", "l"),
+        ("HEALTHY", "l"),
+        ("BREAKER", "l"),
+        ("OFFERS", "r"),
+        ("GPUS FREE", "r"),
+        ("PODS", "r"),
+        ("COST", "r"),
+        ("FAILURES", "r"),
+        ("LAST ANSWER", "r"),
+        ("LAST ERROR", "l"),
+    )
+    for p in providers:
+        state = str(p.get("breaker_state", "?"))
+        healthy = bool(p.get("healthy"))
+        consecutive, recent = p.get("consecutive_failures", 0), p.get("recent_failures", 0)
+        failures = f"{consecutive} ({recent} recent)" if consecutive or recent else "0"
+        age = p.get("last_answer_age_seconds")
+        table.add_row(
+            _text(p.get("name"), "bold"),
+            _text(p.get("type")),
+            Text("yes", style="green") if healthy else Text("no", style="red"),
+            _text(state, _BREAKER_STYLES.get(state, "")),
+            _text(p.get("offer_count")),
+            _text(p.get("gpus_available")),
+            _text(p.get("running_pods")),
+            _text(format_price(p.get("spend_per_hour"))),
+            _text(failures, "red" if consecutive else ""),
+            _text("never" if age is None else f"{format_age(age)} ago"),
+            _text(p.get("last_error"), "dim"),
+        )
+    return table
+
+
+def offers_table(offers: Sequence[Mapping[str, Any]]) -> Table:
+    """``GET /v1/offers`` as a table, in the API's order (cheapest first)."""
+    table = _table(
+        ("PROVIDER", "l"),
+        ("SKU", "l"),
+        ("GPUS", "l"),
+        ("GPU MEMORY", "r"),
+        ("VCPUS", "r"),
+        ("MEMORY", "r"),
+        ("REGION", "l"),
+        ("CAPACITY", "l"),
+        ("AVAIL", "r"),
+        ("STARTUP", "r"),
+        ("PRICE", "r"),
+    )
+    for o in offers:
+        spot = bool(o.get("spot"))
+        table.add_row(
+            _text(o.get("provider"), "bold"),
+            _text(o.get("sku")),
+            _text(_gpus(o.get("gpu_count"), o.get("gpu_model"))),
+            _text(_gib(o.get("gpu_memory_gib"))),
+            _text(_number(o.get("vcpus"))),
+            _text(_gib(o.get("memory_gib"))),
+            _text(o.get("region")),
+            Text("spot", style="yellow") if spot else Text("on-demand"),
+            _text(o.get("available")),
+            _text(format_age(o.get("startup_seconds"))),
+            _text(format_price(o.get("price_per_hour")), "bold"),
+        )
+    table.caption = f"{len(offers)} offers, cheapest first"
+    return table
+
+
+def pods_table(pods: Sequence[Mapping[str, Any]], *, now: datetime | None = None) -> Table:
+    """``GET /v1/pods`` as a table: which pod runs where, since when, at what price."""
+    moment = now or datetime.now(UTC)
+    table = _table(
+        ("NAMESPACE", "l"),
+        ("NAME", "l"),
+        ("PHASE", "l"),
+        ("PROVIDER", "l"),
+        ("OFFER", "l"),
+        ("INSTANCE", "l"),
+        ("PRICE", "r"),
+        ("SINCE", "l"),
+    )
+    total = 0.0
+    for pod in pods:
+        phase = str(pod.get("phase", "?"))
+        price = pod.get("price_per_hour")
+        total += float(price or 0)
+        table.add_row(
+            _text(pod.get("namespace")),
+            _text(pod.get("name"), "bold"),
+            _text(phase, _PHASE_STYLES.get(phase, "")),
+            _text(pod.get("provider")),
+            _text(pod.get("offer")),
+            _text(pod.get("instance_id")),
+            _text(format_price(price)),
+            _text(_since(pod.get("since"), moment)),
+        )
+    table.caption = f"{len(pods)} pods, {format_price(total)} in all"
+    return table
+
+
+def _since(value: Any, now: datetime) -> str:
+    if not isinstance(value, str) or not value:
+        return "-"
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    moment = moment.astimezone(UTC)
+    age = format_age((now - moment).total_seconds())
+    return f"{moment:%Y-%m-%d %H:%M}Z ({age} ago)"
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print ``table`` at its natural width, one line per row, as kubectl prints its tables.
+
+    Squeezed into a narrow terminal (or into rich's 80 columns when writing to a pipe), rich
+    would wrap cells over several lines or cut them with an ellipsis — a price or an instance
+    id cut short is wrong, and wrapped rows defeat ``grep``. A long row is left for the
+    terminal to wrap instead. ``Console.print(width=...)`` cannot go beyond the console's own
+    width, hence a console of the table's width on the same file, with the same colours.
+    """
+    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+    wide = Console(
+        file=console.file,
+        width=max(natural, 20),
+        force_terminal=console.is_terminal,
+        color_system="auto" if console.color_system else None,
+        no_color=console.no_color,
+        highlight=False,
+    )
+    wide.print(table)
