@@ -10,13 +10,16 @@ States and transitions (each edge is tested in ``tests/unit/test_breaker.py``):
 | open | ``cooldown`` elapsed (checked by ``allow_probe``) | half-open |
 | half-open | probe success | closed |
 | half-open | probe failure | open (cool-down starts again) |
+| half-open | probe unanswered for ``cooldown`` (``allow_probe``) | half-open, new probe |
 
 Only failures that say the provider itself is unwell count (``Transient``, ``RateLimited``,
 ``AuthFailed``, timeouts); ``CapacityUnavailable``, ``InvalidSpec`` and ``NotFound`` are normal
 answers from a healthy provider and count as success.
 
 Invariants: pure state plus an injected clock; no I/O. Recent failures are remembered for a
-window so placement can penalise a provider that failed lately even while closed.
+window so placement can penalise a provider that failed lately even while closed. A probe whose
+caller was cancelled (e.g. by a timeout around ``offers``) reports nothing; the breaker then
+allows a new probe after another cool-down instead of staying half-open for good.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class CircuitBreaker:
         self._state = BreakerState.CLOSED
         self._consecutive = 0
         self._opened_at: float | None = None
+        self._probe_at: float | None = None  # when the outstanding half-open probe began
         self._failures: deque[float] = deque()
         self._last_error: str | None = None
 
@@ -82,10 +86,19 @@ class CircuitBreaker:
 
     def allow_probe(self) -> bool:
         """True once the cool-down is over; moves open → half-open (one probe at a time)."""
+        now = self._clock()
+        if self._state is BreakerState.HALF_OPEN:
+            # One probe at a time; but a probe that never reported back (its caller was
+            # cancelled) must not block probing forever: after a cool-down it counts as lost.
+            if self._probe_at is not None and now - self._probe_at >= self._cooldown:
+                self._probe_at = now
+                return True
+            return False
         opened = self._opened_at
-        due = opened is not None and self._clock() - opened >= self._cooldown
+        due = opened is not None and now - opened >= self._cooldown
         if self._state is BreakerState.OPEN and due:
             self._state = BreakerState.HALF_OPEN
+            self._probe_at = now
             return True
         return False
 
@@ -93,6 +106,7 @@ class CircuitBreaker:
         self._consecutive = 0
         self._state = BreakerState.CLOSED
         self._opened_at = None
+        self._probe_at = None
 
     def record_failure(self, error: BaseException) -> None:
         if not counts_as_failure(error):
@@ -105,6 +119,7 @@ class CircuitBreaker:
         if self._state is BreakerState.HALF_OPEN or self._consecutive >= self._threshold:
             self._state = BreakerState.OPEN
             self._opened_at = now
+            self._probe_at = None
 
     def recent_failures(self) -> int:
         cutoff = self._clock() - self._window

@@ -46,6 +46,7 @@ class OfferBook:
             name: ProviderAnswer((), None, None) for name in providers
         }
         self._fetched_at: float | None = None
+        self._generation = 0  # completed refreshes, so waiting callers can share one
         self._lock = asyncio.Lock()
 
     async def _ask(self, name: str, provider: Provider) -> ProviderAnswer:
@@ -61,16 +62,25 @@ class OfferBook:
 
     async def refresh(self) -> None:
         async with self._lock:
-            names = list(self._providers)
-            answers = await asyncio.gather(*(self._ask(n, self._providers[n]) for n in names))
-            self._answers = dict(zip(names, answers, strict=True))
-            self._fetched_at = self._clock()
+            await self._refresh_locked()
+
+    async def _refresh_locked(self) -> None:
+        names = list(self._providers)
+        answers = await asyncio.gather(*(self._ask(n, self._providers[n]) for n in names))
+        self._answers = dict(zip(names, answers, strict=True))
+        self._fetched_at = self._clock()
+        self._generation += 1
 
     async def offers(self, *, max_age: float | None = None) -> list[Offer]:
         """All providers' offers, refreshed when older than ``max_age`` (default the TTL)."""
         age_limit = self._ttl if max_age is None else max_age
         if self._fetched_at is None or self._clock() - self._fetched_at >= age_limit:
-            await self.refresh()
+            seen = self._generation
+            async with self._lock:
+                # A refresh that completed while this caller waited for the lock answered
+                # after it asked: share it instead of asking every provider again.
+                if self._generation == seen:
+                    await self._refresh_locked()
         return [offer for answer in self._answers.values() for offer in answer.offers]
 
     def cached(self) -> list[Offer]:

@@ -211,7 +211,10 @@ class Placement:
 
     def explain(self) -> str:
         parts = [f"{count} by {name}" for name, count in self.removed if count]
-        return ", ".join(parts) if parts else "no offers known"
+        if parts:
+            return ", ".join(parts)
+        # Nothing removed: either every known offer fits, or no offer was known at all.
+        return "none" if self.candidates else "no offers known"
 
 
 def place(
