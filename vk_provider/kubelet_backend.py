@@ -18,7 +18,7 @@ from providers.errors import NotFound
 from providers.models import LogOptions
 from vk_provider.kube import KubeClient
 from vk_provider.kubeletapi import LogsNotFound, LogsUnavailable, RequestAttributes, UserInfo
-from vk_provider.pods import ANN_INSTANCE, ANN_PROVIDER
+from vk_provider.podjson import ANN_INSTANCE, ANN_PROVIDER
 
 _CACHE_SECONDS = 60.0
 

@@ -27,7 +27,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from providers.contract import Provider
 from providers.errors import (
@@ -43,13 +42,28 @@ from vk_provider.launch import Launcher, LaunchResult
 from vk_provider.metrics import Metrics
 from vk_provider.offers import OfferBook
 from vk_provider.placement import InvalidRequest, PlacementRequest
+from vk_provider.podjson import (
+    ANN_INSTANCE,
+    ANN_OFFER,
+    ANN_PRICE,
+    ANN_PROVIDER,
+    PodKey,
+    annotations_of,
+    container_spec,
+    container_status,
+    meta,
+    parse_time,
+    pod_key,
+)
 from vk_provider.podstatus import (
     ContainerView,
     Running,
     Terminated,
     Waiting,
+    last_termination,
     pod_status,
     status_changed,
+    waiting_view,
 )
 from vk_provider.reconcile import (
     Action,
@@ -66,12 +80,6 @@ from vk_provider.workqueue import QueueClosed, WorkQueue
 
 log = logging.getLogger(__name__)
 
-ANN_PROVIDER = "vk-provider.io/provider"
-ANN_INSTANCE = "vk-provider.io/instance-id"
-ANN_OFFER = "vk-provider.io/offer"
-ANN_PRICE = "vk-provider.io/price-per-hour"
-
-PodKey = tuple[str, str]  # (namespace, name)
 _ADOPTABLE = (InstanceState.PENDING, InstanceState.RUNNING)
 _FINISHED = (InstanceState.TERMINATED, InstanceState.EXITED, InstanceState.LOST)
 # How far past its grace period a deleted pod may stay while we wait for its instance.
@@ -105,25 +113,6 @@ class _PodMemory:
 
 def backoff(base: float, attempt: int) -> float:
     return float(min(base * (2 ** max(attempt, 0)), MAX_BACKOFF))
-
-
-def _meta(pod: JSON) -> JSON:
-    return pod.get("metadata") or {}
-
-
-def _annotations(pod: JSON) -> dict[str, str]:
-    return dict(_meta(pod).get("annotations") or {})
-
-
-def _key(pod: JSON) -> PodKey:
-    metadata = _meta(pod)
-    return (str(metadata.get("namespace")), str(metadata.get("name")))
-
-
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 class PodController:
@@ -170,14 +159,14 @@ class PodController:
             self.queue.add(key)
 
     def _observe(self, pod: JSON) -> None:
-        key = _key(pod)
-        uid = str(_meta(pod).get("uid", ""))
+        key = pod_key(pod)
+        uid = str(meta(pod).get("uid", ""))
         memory = self._memory.get(key)
         if memory is None or memory.uid != uid:
             if memory is not None:
                 self._uid_keys.pop(memory.uid, None)
             memory = self._memory[key] = _PodMemory(uid=uid)
-        annotations = _annotations(pod)
+        annotations = annotations_of(pod)
         if ANN_INSTANCE in annotations:
             memory.provider = annotations.get(ANN_PROVIDER)
             memory.instance_id = annotations[ANN_INSTANCE]
@@ -188,7 +177,7 @@ class PodController:
 
     def _track(self, key: PodKey, pod: JSON) -> None:
         """Remember where a placed, live pod runs (REST ``/v1/pods``, metrics)."""
-        annotations = _annotations(pod)
+        annotations = annotations_of(pod)
         phase = str((pod.get("status") or {}).get("phase") or "Pending")
         if ANN_INSTANCE not in annotations or phase in ("Succeeded", "Failed"):
             self._placements.pop(key, None)
@@ -201,13 +190,13 @@ class PodController:
         self._placements[key] = PodPlacement(
             namespace=key[0],
             name=key[1],
-            uid=str(_meta(pod).get("uid", "")),
+            uid=str(meta(pod).get("uid", "")),
             provider=annotations.get(ANN_PROVIDER, ""),
             instance_id=annotations[ANN_INSTANCE],
             offer=annotations.get(ANN_OFFER, ""),
             price_per_hour=price,
             phase=phase,
-            since=_parse_time(status.get("startTime")),
+            since=parse_time(status.get("startTime")),
         )
 
     def placements(self) -> list[PodPlacement]:
@@ -219,9 +208,9 @@ class PodController:
         Called for every observed pod, so after a restart the ledger is rebuilt from the
         API before any new placement can be made against it.
         """
-        metadata = _meta(pod)
+        metadata = meta(pod)
         uid = str(metadata.get("uid", ""))
-        annotations = _annotations(pod)
+        annotations = annotations_of(pod)
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             if self._ledger.release(uid):
                 self._room_appeared()
@@ -243,7 +232,7 @@ class PodController:
         while True:
             try:
                 pods, version = await self._kube.list_node_pods(self._node)
-                listed = {_key(p) for p in pods}
+                listed = {pod_key(p) for p in pods}
                 for pod in pods:
                     self._observe(pod)
                 # Pods we remember that are gone from the list were deleted while unwatched.
@@ -255,9 +244,9 @@ class PodController:
                     self._node, version, timeout_seconds=self._timings.watch_timeout_seconds
                 ):
                     if kind == "BOOKMARK":
-                        version = str(_meta(pod).get("resourceVersion") or version)
+                        version = str(meta(pod).get("resourceVersion") or version)
                         continue
-                    version = str(_meta(pod).get("resourceVersion") or version)
+                    version = str(meta(pod).get("resourceVersion") or version)
                     self._observe(pod)
             except GoneError:
                 log.info("pod watch expired (410); re-listing")
@@ -313,11 +302,11 @@ class PodController:
             return
         self._pods[key] = pod
         memory = self._memory.get(key)
-        if memory is None or memory.uid != _meta(pod).get("uid"):
+        if memory is None or memory.uid != meta(pod).get("uid"):
             self._observe(pod)
             memory = self._memory[key]
         self._track(key, pod)
-        if _meta(pod).get("deletionTimestamp"):
+        if meta(pod).get("deletionTimestamp"):
             await self._sync_deletion(key, pod)
             return
         phase = (pod.get("status") or {}).get("phase")
@@ -325,7 +314,7 @@ class PodController:
             await self._release(pod)
             return
         self._account(pod)
-        annotations = _annotations(pod)
+        annotations = annotations_of(pod)
         provider_name = annotations.get(ANN_PROVIDER)
         instance_id = annotations.get(ANN_INSTANCE)
         if not provider_name or not instance_id or provider_name not in self._providers:
@@ -379,8 +368,8 @@ class PodController:
         a slow terminate), the pod is deleted anyway and the instance, which still carries
         the pod's UID, is terminated by reconciliation as an orphan.
         """
-        metadata = _meta(pod)
-        deadline = _parse_time(metadata.get("deletionTimestamp"))
+        metadata = meta(pod)
+        deadline = parse_time(metadata.get("deletionTimestamp"))
         now = datetime.now(UTC)
         remaining = max((deadline - now).total_seconds(), 0.0) if deadline else 0.0
         overdue = deadline is not None and (now - deadline).total_seconds() > DELETION_SLACK_SECONDS
@@ -413,7 +402,7 @@ class PodController:
 
     async def _terminate_for_deletion(self, pod: JSON, remaining: float) -> bool:
         """One step of terminating a deleted pod's instance; True once nothing runs."""
-        annotations = _annotations(pod)
+        annotations = annotations_of(pod)
         provider_name = annotations.get(ANN_PROVIDER)
         instance_id = annotations.get(ANN_INSTANCE)
         if provider_name not in self._providers or not instance_id:
@@ -426,7 +415,10 @@ class PodController:
         if instance is not None and instance.state not in _FINISHED:
             if instance.state is not InstanceState.TERMINATING:
                 await self._events.record(
-                    pod, "Normal", events.KILLING, f"Stopping container {self._container(pod)}"
+                    pod,
+                    "Normal",
+                    events.KILLING,
+                    f"Stopping container {container_spec(pod).get('name', '')}",
                 )
             await provider.delete(instance_id, grace_seconds=remaining)
             return False
@@ -440,7 +432,7 @@ class PodController:
         Only an instance the provider still lists is deleted: deleting a released one again
         would also drop what the provider retains for it (logs, until the pod is deleted).
         """
-        annotations = _annotations(pod)
+        annotations = annotations_of(pod)
         provider_name = annotations.get(ANN_PROVIDER)
         instance_id = annotations.get(ANN_INSTANCE)
         if provider_name in self._providers and instance_id:
@@ -448,18 +440,13 @@ class PodController:
             with contextlib.suppress(NotFound):
                 await provider.get(instance_id)
                 await provider.delete(instance_id, grace_seconds=0)
-        if self._ledger.release(str(_meta(pod).get("uid", ""))):
+        if self._ledger.release(str(meta(pod).get("uid", ""))):
             self._room_appeared()
 
     # ------------------------------------------------------------------ placement and create
 
-    @staticmethod
-    def _container(pod: JSON) -> str:
-        containers = (pod.get("spec") or {}).get("containers") or [{}]
-        return str(containers[0].get("name", ""))
-
     async def _workload(self, pod: JSON, attempt: int) -> WorkloadSpec:
-        namespace = str(_meta(pod).get("namespace"))
+        namespace = str(meta(pod).get("namespace"))
         refs = references(pod)
         secrets: dict[str, JSON] = {}
         config_maps: dict[str, JSON] = {}
@@ -501,26 +488,14 @@ class PodController:
             message=message,
         )
         if status_changed(pod.get("status") or {}, wanted):
-            namespace, name = _key(pod)
+            namespace, name = pod_key(pod)
             await self._kube.patch_pod_status(namespace, name, wanted)
-
-    def _waiting_view(self, pod: JSON, reason: str, message: str = "") -> ContainerView:
-        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
-        previous = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0]
-        last = previous.get("lastState", {}).get("terminated")
-        return ContainerView(
-            name=str(container.get("name", "")),
-            image=str(container.get("image", "")),
-            state=Waiting(reason=reason, message=message),
-            restart_count=int(previous.get("restartCount") or 0),
-            last_state=_terminated_from_json(last) if last else None,
-        )
 
     async def _invalid(self, pod: JSON, field_name: str, message: str) -> None:
         text = f"{field_name}: {message}" if field_name and field_name not in message else message
         await self._events.record(pod, "Warning", events.INVALID_SPEC, text)
         restart_policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
-        view = self._waiting_view(pod, "InvalidSpec", text)
+        view = waiting_view(pod, "InvalidSpec", text)
         if restart_policy == "Never":
             await self._write_status(pod, view, phase="Failed", reason="InvalidSpec", message=text)
         else:
@@ -537,17 +512,14 @@ class PodController:
         return delay
 
     async def _place(self, key: PodKey, pod: JSON, memory: _PodMemory) -> None:
-        restart_count = int(
-            (((pod.get("status") or {}).get("containerStatuses") or [{}])[0]).get("restartCount")
-            or 0
-        )
+        restart_count = int(container_status(pod).get("restartCount") or 0)
         try:
             spec = await self._workload(pod, attempt=restart_count)
-            request = PlacementRequest.from_workload(spec, _annotations(pod))
+            request = PlacementRequest.from_workload(spec, annotations_of(pod))
         except InvalidPodSpec as exc:
             if exc.retryable:
                 await self._events.record(pod, "Warning", events.FAILED_CONFIG, str(exc))
-                view = self._waiting_view(pod, events.FAILED_CONFIG, str(exc))
+                view = waiting_view(pod, events.FAILED_CONFIG, str(exc))
                 await self._write_status(pod, view)
                 self._retry_later(key, memory)
                 return
@@ -609,7 +581,7 @@ class PodController:
                 ANN_OFFER: instance.offer_key,
                 ANN_PRICE: f"{instance.price_per_hour:.4f}",
             },
-            uid=str(_meta(pod).get("uid")),
+            uid=str(meta(pod).get("uid")),
         )
         self.queue.add(key)
 
@@ -622,11 +594,11 @@ class PodController:
         snapshots = [
             PodSnapshot(
                 key=key,
-                uid=str(_meta(pod).get("uid", "")),
-                provider=_annotations(pod).get(ANN_PROVIDER),
-                instance_id=_annotations(pod).get(ANN_INSTANCE),
+                uid=str(meta(pod).get("uid", "")),
+                provider=annotations_of(pod).get(ANN_PROVIDER),
+                instance_id=annotations_of(pod).get(ANN_INSTANCE),
                 terminal=(pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
-                deleting=bool(_meta(pod).get("deletionTimestamp")),
+                deleting=bool(meta(pod).get("deletionTimestamp")),
             )
             for key, pod in self._pods.items()
         ]
@@ -748,7 +720,7 @@ class PodController:
                 f"retrying in {delay:.0f}s"
             )
         await self._events.record(pod, "Warning", reason, message)
-        await self._write_status(pod, self._waiting_view(pod, "ContainerCreating", message))
+        await self._write_status(pod, waiting_view(pod, "ContainerCreating", message))
 
     def _room_appeared(self) -> None:
         """An instance ended or a pod left: pods waiting for capacity or budget try again."""
@@ -757,7 +729,7 @@ class PodController:
             self.queue.add(key)
 
     async def _adopt(self, pod: JSON, memory: _PodMemory, instance: Instance, offer: Offer) -> None:
-        namespace, name = _key(pod)
+        namespace, name = pod_key(pod)
         updated = await self._kube.patch_pod_annotations(
             namespace,
             name,
@@ -772,7 +744,7 @@ class PodController:
         memory.provider = offer.provider
         memory.instance_id = instance.instance_id
         self.tracker.remember(instance)
-        await self._sync_instance(_key(pod), updated, instance)
+        await self._sync_instance(pod_key(pod), updated, instance)
 
     # ------------------------------------------------------------------ a running instance
 
@@ -788,9 +760,9 @@ class PodController:
             f"{self._timings.instance_lost_cooldown_seconds:.0f}s"
         )
         await self._events.record(pod, "Warning", events.INSTANCE_LOST, message)
-        view = self._waiting_view(pod, "InstanceLost", message)
-        previous = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0]
-        started = _parse_time(((previous.get("state") or {}).get("running") or {}).get("startedAt"))
+        view = waiting_view(pod, "InstanceLost", message)
+        previous = container_status(pod)
+        started = parse_time(((previous.get("state") or {}).get("running") or {}).get("startedAt"))
         view = ContainerView(
             name=view.name,
             image=view.image,
@@ -809,13 +781,12 @@ class PodController:
         await self._release(pod)
 
     async def _sync_instance(self, key: PodKey, pod: JSON, instance: Instance) -> None:
-        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        container = container_spec(pod)
         name = str(container.get("name", ""))
         image = str(container.get("image", ""))
-        previous = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0]
+        previous = container_status(pod)
         restart_count = int(previous.get("restartCount") or 0)
-        last = previous.get("lastState", {}).get("terminated")
-        last_state = _terminated_from_json(last) if last else None
+        last_state = last_termination(pod)
         container_id = f"vk-provider://{instance.instance_id}"
         state = instance.state
         if state is InstanceState.LOST or state in (
@@ -824,7 +795,7 @@ class PodController:
         ):
             # We never asked (no deletionTimestamp): the provider ended it on its own.
             await self._fail_lost(
-                pod, instance.provider, _annotations(pod), instance.message or state.value
+                pod, instance.provider, annotations_of(pod), instance.message or state.value
             )
             return
         if state is InstanceState.PENDING:
@@ -864,7 +835,7 @@ class PodController:
         last_state: Terminated | None,
         restart_count: int,
     ) -> None:
-        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        container = container_spec(pod)
         name, image = str(container.get("name", "")), str(container.get("image", ""))
         code = instance.exit_code if instance.exit_code is not None else 1
         terminated = Terminated(
@@ -892,9 +863,9 @@ class PodController:
                 terminated,
                 restart_count,
             )
-            if (
-                ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state") or {}
-            ).get("waiting", {}).get("reason") != "CrashLoopBackOff":
+            if (container_status(pod).get("state") or {}).get("waiting", {}).get(
+                "reason"
+            ) != "CrashLoopBackOff":
                 await self._events.record(pod, "Warning", events.BACK_OFF, message)
             await self._write_status(pod, view)
             self.queue.add_after(key, wait)
@@ -905,7 +876,7 @@ class PodController:
         self, key: PodKey, pod: JSON, old: Instance, terminated: Terminated, restart_count: int
     ) -> None:
         provider = self._providers[old.provider]
-        annotations = _annotations(pod)
+        annotations = annotations_of(pod)
         offer = next(
             (o for o in self._offers.cached() if o.key == annotations.get(ANN_OFFER)), None
         )
@@ -929,8 +900,8 @@ class PodController:
             await self._invalid(pod, exc.field, str(exc))
             return
         instance = await provider.create(spec, offer)
-        namespace, name = _key(pod)
-        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        namespace, name = pod_key(pod)
+        container = container_spec(pod)
         view = ContainerView(
             str(container.get("name", "")),
             str(container.get("image", "")),
@@ -940,7 +911,7 @@ class PodController:
             restart_count + 1,
         )
         updated = await self._kube.patch_pod_annotations(
-            namespace, name, {ANN_INSTANCE: instance.instance_id}, uid=str(_meta(pod)["uid"])
+            namespace, name, {ANN_INSTANCE: instance.instance_id}, uid=str(meta(pod)["uid"])
         )
         self.tracker.remember(instance)
         memory = self._memory.get(key)
@@ -956,13 +927,3 @@ class PodController:
 
     def pod_for_uid(self, uid: str) -> PodKey | None:
         return self._uid_keys.get(uid)
-
-
-def _terminated_from_json(body: Mapping[str, Any]) -> Terminated:
-    return Terminated(
-        exit_code=int(body.get("exitCode", 0)),
-        reason=str(body.get("reason", "")),
-        started_at=_parse_time(body.get("startedAt")),
-        finished_at=_parse_time(body.get("finishedAt")),
-        message=str(body.get("message", "")),
-    )

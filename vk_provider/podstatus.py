@@ -12,9 +12,12 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from vk_provider import podjson
 
 JSON = dict[str, Any]
 
@@ -54,6 +57,34 @@ class ContainerView:
     container_id: str = ""
     last_state: Terminated | None = None
     restart_count: int = 0
+
+
+def terminated_from_json(body: Mapping[str, Any]) -> Terminated:
+    return Terminated(
+        exit_code=int(body.get("exitCode", 0)),
+        reason=str(body.get("reason", "")),
+        started_at=podjson.parse_time(body.get("startedAt")),
+        finished_at=podjson.parse_time(body.get("finishedAt")),
+        message=str(body.get("message", "")),
+    )
+
+
+def last_termination(pod: Mapping[str, Any]) -> Terminated | None:
+    """The container's last termination, as the pod's status records it."""
+    last = (podjson.container_status(pod).get("lastState") or {}).get("terminated")
+    return terminated_from_json(last) if last else None
+
+
+def waiting_view(pod: Mapping[str, Any], reason: str, message: str = "") -> ContainerView:
+    """The container waiting for ``reason``, keeping its restart count and last termination."""
+    container = podjson.container_spec(pod)
+    return ContainerView(
+        name=str(container.get("name", "")),
+        image=str(container.get("image", "")),
+        state=Waiting(reason=reason, message=message),
+        restart_count=podjson.restart_count(pod),
+        last_state=last_termination(pod),
+    )
 
 
 def _state_json(state: ContainerState | None) -> JSON:
