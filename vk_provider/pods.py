@@ -889,8 +889,6 @@ class PodController:
                 ),
                 None,
             )
-        with contextlib.suppress(NotFound):
-            await provider.delete(old.instance_id, grace_seconds=0)
         if offer is None:
             await self._fail_lost(pod, old.provider, annotations, "its offer is no longer offered")
             return
@@ -899,6 +897,8 @@ class PodController:
         except InvalidPodSpec as exc:
             await self._invalid(pod, exc.field, str(exc))
             return
+        # Launch the next attempt before letting go of the exited one: if the create fails,
+        # the pod still names an instance that exists (EXITED) and the next sync retries.
         instance = await provider.create(spec, offer)
         namespace, name = pod_key(pod)
         container = container_spec(pod)
@@ -913,6 +913,10 @@ class PodController:
         updated = await self._kube.patch_pod_annotations(
             namespace, name, {ANN_INSTANCE: instance.instance_id}, uid=str(meta(pod)["uid"])
         )
+        try:
+            await provider.delete(old.instance_id, grace_seconds=0)
+        except ProviderError as exc:  # reconciliation removes it as an old attempt
+            log.info("releasing %s after relaunch failed: %s", old.instance_id, exc)
         self.tracker.remember(instance)
         memory = self._memory.get(key)
         if memory is not None:
