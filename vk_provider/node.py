@@ -48,13 +48,26 @@ class NodeResources:
 
 
 def node_capacity(offers: Iterable[Offer], config: NodeConfig) -> NodeResources:
-    """What the providers can give right now, bounded by the configured caps."""
-    gpus = cpu = memory = 0.0
+    """What the providers can give right now, bounded by the configured caps.
+
+    Offers of one provider, region and GPU model usually draw on one pool (1x, 2x, 4x and 8x
+    shapes of the same machines), so a pool counts once, by its largest offer; distinct
+    pools add up. Never negative, never above the caps.
+    """
+    pools: dict[tuple[str, str, str | None], tuple[float, float, float]] = {}
     for offer in offers:
         available = max(offer.available, 0)
-        gpus += max(offer.gpu_count, 0) * available
-        cpu += max(offer.vcpus, 0) * available
-        memory += max(offer.memory_gib, 0) * available
+        size = (
+            max(offer.gpu_count, 0) * available,
+            max(offer.vcpus, 0) * available,
+            max(offer.memory_gib, 0) * available,
+        )
+        key = (offer.provider, offer.region, offer.gpu_model)
+        best = pools.get(key, (0.0, 0.0, 0.0))
+        pools[key] = (max(best[0], size[0]), max(best[1], size[1]), max(best[2], size[2]))
+    gpus = sum(p[0] for p in pools.values())
+    cpu = sum(p[1] for p in pools.values())
+    memory = sum(p[2] for p in pools.values())
     return NodeResources(
         gpus=min(int(gpus), config.max_gpus),
         cpu=min(int(cpu), config.max_cpu),

@@ -1,0 +1,295 @@
+"""End to end: a pod of cluster A runs as a pod in a remote cluster B.
+
+Two real control planes: A is the session's ``control_plane``; B is started by this module.
+B gets a virtual node of its own (an agent of ours with a ``local`` provider, so B's pods
+really run, as local processes). A's agent has one provider, ``type: kubernetes``, pointing at
+B's admin kubeconfig. A pod on A's virtual node therefore travels:
+
+    A's agent → Kubernetes adapter → B's API → B's scheduler → B's agent → a local process
+
+and its logs come back the other way (``kubectl logs`` on A → A's kubelet API → adapter →
+B's ``pods/log`` → B's kubelet API → the process's log file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.api_client import ApiClient
+
+from tests.helpers import wait_for
+from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers, pod_on
+from vk_provider.kube import KubeClient
+from vk_provider.localcluster.binaries import ensure_binaries
+from vk_provider.localcluster.cluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+PY = sys.executable
+PROVIDER = "remote-b"
+
+# B's virtual node: four one-GPU machines of 8 vCPUs and 32 GiB, so each GPU's share of the
+# node is 8 vCPUs and 32 GiB, which is what the adapter offers (and B's agent can place).
+B_OFFERS: list[dict[str, Any]] = [
+    {
+        "sku": "a100",
+        "gpu_model": "A100-80GB",
+        "gpu_count": 1,
+        "gpu_memory_gib": 80,
+        "vcpus": 8,
+        "memory_gib": 32,
+        "price_per_hour": 1.5,
+        "capacity": 4,
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def cluster_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The remote cluster, for this module's tests."""
+    cluster = LocalCluster(f"vkt-b-{os.getpid()}", root=tmp_path_factory.mktemp("cluster-b"))
+    try:
+        cluster.up(ensure_binaries())
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
+def agents_b(cluster_b: LocalCluster, tmp_path: Path) -> Iterator[AgentHarness]:
+    harness = AgentHarness(cluster_b, tmp_path / "b")
+    try:
+        yield harness
+    finally:
+        harness.stop_all()
+
+
+@pytest.fixture
+async def api_b(cluster_b: LocalCluster) -> AsyncIterator[KubeClient]:
+    kube = await KubeClient.connect(cluster_b.kubeconfig)
+    try:
+        yield kube
+    finally:
+        await kube.close()
+
+
+@pytest.fixture
+async def kube_b(cluster_b: LocalCluster) -> AsyncIterator[ApiClient]:
+    api = await config.new_client_from_config(config_file=str(cluster_b.kubeconfig))
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@dataclass
+class Bridge:
+    """A's agent (provider ``kubernetes``) and B's agent (provider ``local``)."""
+
+    agent_a: AgentProcess
+    agent_b: AgentProcess
+    remote_namespace: str
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return dict(condition)
+    return {}
+
+
+async def _node_with_gpus(api: KubeClient, agent: AgentProcess) -> dict[str, Any]:
+    """The agent's node once it is Ready and advertises GPUs."""
+
+    async def ready() -> dict[str, Any] | None:
+        if agent.process is not None and agent.process.poll() is not None:
+            pytest.fail(
+                f"agent exited with {agent.process.returncode}:\n{agent.log_text()[-3000:]}"
+            )
+        node = await api.get_node(agent.node)
+        if not node or _condition(node, "Ready").get("status") != "True":
+            return None
+        gpus = int((node["status"].get("allocatable") or {}).get("nvidia.com/gpu", "0"))
+        return node if gpus > 0 else None
+
+    return await wait_for(ready, timeout=90, interval=0.5, what=f"node {agent.node} with GPUs")
+
+
+@pytest.fixture
+async def bridge(
+    agents: AgentHarness,
+    agents_b: AgentHarness,
+    api: KubeClient,
+    api_b: KubeClient,
+    cluster_b: LocalCluster,
+) -> Bridge:
+    agent_b = agents_b.start(providers=[{"name": "local-a", "offers": B_OFFERS}])
+    await _node_with_gpus(api_b, agent_b)
+
+    remote_namespace = f"vk-remote-{uuid.uuid4().hex[:6]}"  # the adapter creates it
+    agent_a = agents.start(start=False, intervals={"offers_ttl_seconds": 2})
+    settings = yaml.safe_load(agent_a.config_path.read_text())
+    settings["providers"] = [
+        {
+            "type": "kubernetes",
+            "name": PROVIDER,
+            "kubeconfig": f"file:{cluster_b.kubeconfig}",
+            "namespace": remote_namespace,
+            "gpu_model": "A100-80GB",
+            "gpu_price_per_hour": 1.0,
+            "cpu_price_per_hour": 0.01,
+        }
+    ]
+    agent_a.config_path.write_text(yaml.safe_dump(settings))
+    agent_a.provider_entries = []  # nothing local to clean up for this agent
+    agent_a.start()
+    await _node_with_gpus(api, agent_a)  # offers from B have arrived
+    return Bridge(agent_a=agent_a, agent_b=agent_b, remote_namespace=remote_namespace)
+
+
+def _kubectl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(PY).parent / "kubectl"), "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+async def _running(api: KubeClient, namespace: str, name: str, agent: AgentProcess) -> Any:
+    async def check() -> dict[str, Any] | None:
+        if agent.process is not None and agent.process.poll() is not None:
+            pytest.fail(f"agent A exited:\n{agent.log_text()[-3000:]}")
+        pod = await api.get_pod(namespace, name)
+        return pod if pod and (pod.get("status") or {}).get("phase") == "Running" else None
+
+    return await wait_for(check, timeout=90, interval=0.5, what=f"pod {name} Running in A")
+
+
+async def _remote_pods(kube_b: ApiClient, namespace: str) -> list[dict[str, Any]]:
+    pods = await client.CoreV1Api(kube_b).list_namespaced_pod(
+        namespace, label_selector=f"vk-provider.io/managed-by={PROVIDER}"
+    )
+    return [kube_b.sanitize_for_serialization(p) for p in pods.items]
+
+
+async def _logs_through_a(kubeconfig: Path, namespace: str, name: str, expected: str) -> str:
+    async def check() -> str | None:
+        result = _kubectl(kubeconfig, "logs", "-n", namespace, name)
+        return result.stdout if result.returncode == 0 and expected in result.stdout else None
+
+    return await wait_for(check, timeout=30, interval=0.5, what=f"'{expected}' in the logs")
+
+
+async def test_a_pod_of_a_runs_in_b_and_its_logs_come_back(
+    bridge: Bridge,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    kubeconfig: Path,
+    kube_b: ApiClient,
+) -> None:
+    script = "import time\nprint('hello from B', flush=True)\ntime.sleep(600)\n"
+    core_a = client.CoreV1Api(kube)
+    await core_a.create_namespaced_pod(
+        namespace, pod_on(bridge.agent_a.node, "hello", command=[PY, "-c", script])
+    )
+    pod_a = await _running(api, namespace, "hello", bridge.agent_a)
+
+    (remote,) = await _remote_pods(kube_b, bridge.remote_namespace)
+    assert remote["metadata"]["labels"]["vk-provider.io/pod-uid"] == pod_a["metadata"]["uid"]
+    assert remote["metadata"]["labels"]["vk-provider.io/attempt"] == "0"
+    assert remote["spec"]["nodeName"] == bridge.agent_b.node  # B's virtual node runs it
+    assert remote["status"]["phase"] == "Running"
+    assert remote["spec"]["restartPolicy"] == "Never"
+    (container,) = remote["spec"]["containers"]
+    assert container["command"] == [PY, "-c", script]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    annotations = pod_a["metadata"]["annotations"]
+    assert annotations["vk-provider.io/provider"] == PROVIDER
+    assert annotations["vk-provider.io/instance-id"] == remote["metadata"]["name"]
+    assert annotations["vk-provider.io/offer"] == f"{PROVIDER}/1gpu.8cpu.32gib/remote"
+    # ... and B's agent really runs it as a local process.
+    (provider_b,) = local_providers(bridge.agent_b)
+    (instance,) = await provider_b.list_ours()
+    assert instance.pod_uid == remote["metadata"]["uid"]
+
+    logs = await _logs_through_a(kubeconfig, namespace, "hello", "hello from B")
+    assert logs.strip() == "hello from B"
+
+    await core_a.delete_namespaced_pod("hello", namespace)
+
+    async def gone_everywhere() -> bool:
+        return not await _remote_pods(kube_b, bridge.remote_namespace) and (
+            await api.get_pod(namespace, "hello") is None
+        )
+
+    await wait_for(gone_everywhere, timeout=30, interval=0.5, what="the pod gone from A and B")
+
+
+async def test_secret_env_travels_as_a_secret_owned_by_the_remote_pod(
+    bridge: Bridge,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    kubeconfig: Path,
+    kube_b: ApiClient,
+) -> None:
+    secret_value = "s3cr3t-" + uuid.uuid4().hex[:12]
+    core_a = client.CoreV1Api(kube)
+    await core_a.create_namespaced_secret(
+        namespace, {"metadata": {"name": "api-key"}, "stringData": {"token": secret_value}}
+    )
+    script = (
+        "import hashlib, os, time\n"
+        "print(hashlib.sha256(os.environ['API_TOKEN'].encode()).hexdigest(), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = [
+        {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "api-key", "key": "token"}}}
+    ]
+    pod = pod_on(
+        bridge.agent_a.node, "uses-secret", command=[PY, "-c", script], container={"env": env}
+    )
+    await core_a.create_namespaced_pod(namespace, pod)
+    await _running(api, namespace, "uses-secret", bridge.agent_a)
+
+    (remote,) = await _remote_pods(kube_b, bridge.remote_namespace)
+    name = remote["metadata"]["name"]
+    (container,) = remote["spec"]["containers"]
+    assert container["env"] == [
+        {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "API_TOKEN"}}}
+    ]
+    assert secret_value not in json.dumps(remote)
+    core_b = client.CoreV1Api(kube_b)
+    secret = await core_b.read_namespaced_secret(name, bridge.remote_namespace)
+    (owner,) = secret.metadata.owner_references
+    assert (owner.kind, owner.name, owner.uid) == ("Pod", name, remote["metadata"]["uid"])
+
+    digest = hashlib.sha256(secret_value.encode()).hexdigest()
+    logs = await _logs_through_a(kubeconfig, namespace, "uses-secret", digest)
+    assert logs.strip() == digest
+
+    await core_a.delete_namespaced_pod("uses-secret", namespace)
+
+    async def remote_gone() -> bool:
+        if await _remote_pods(kube_b, bridge.remote_namespace):
+            return False
+        secrets = await core_b.list_namespaced_secret(bridge.remote_namespace)
+        return all(s.metadata.name != name for s in secrets.items)
+
+    await wait_for(remote_gone, timeout=30, interval=0.5, what="the remote pod and Secret gone")
+    for agent in (bridge.agent_a, bridge.agent_b):
+        assert secret_value not in agent.log_text()

@@ -1,0 +1,1568 @@
+"""The Kubernetes adapter without a cluster: pure parts, and the HTTP layer against a fake API.
+
+Pure: kubeconfig parsing, quantities, names, offers from node and pod lists, manifests, the
+state table and the error table. HTTP: ``FakeApi`` (an ``httpx.MockTransport``) answers the few
+paths the adapter uses with Kubernetes' own ``Status`` shapes (as a 1.37 API server sends
+them) and records every request, so the order of writes and their bodies can be checked.
+Retries never sleep: the ``RetryPolicy`` records the waits it would have made.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import logging
+import re
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from providers.contract import Provider
+from providers.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    ProviderError,
+    RateLimited,
+    Transient,
+)
+from providers.kubernetes import (
+    ANN_ATTEMPT,
+    ANN_OFFER,
+    ANN_POD_UID,
+    ANN_PRICE,
+    GPU_RESOURCE,
+    LABEL_ATTEMPT,
+    LABEL_MANAGED_BY,
+    LABEL_POD_UID,
+    REGION_LABEL,
+    ApiFailure,
+    Call,
+    KubeconfigError,
+    KubernetesProvider,
+    LineSplitter,
+    MalformedResponse,
+    NodeCapacity,
+    OfferScope,
+    Resources,
+    RetryPolicy,
+    Shape,
+    api_failure,
+    build_pod,
+    build_secret,
+    classify_failure,
+    label_value,
+    log_params,
+    node_capacities,
+    observe,
+    parse_instance,
+    parse_kubeconfig,
+    parse_quantity,
+    plan_offers,
+    pod_name,
+    pod_requests,
+)
+from providers.models import EnvVar, InstanceState, LogOptions, Offer, Port, WorkloadSpec
+from vk_provider.config import ConfigError, KubernetesProviderConfig
+
+SERVER = "https://b.example.test:6443"
+TOKEN = "eyJhbGciOiJSUzI1NiJ9.TESTTOKEN.secretsignature"
+NAMESPACE = "vk-work"
+PROVIDER = "remote-b"
+UID = "0f4a3c52-7d7e-4a57-9d55-2b0c1f6f0a11"
+JSON = dict[str, Any]
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _kubeconfig(user: JSON, *, cluster: JSON | None = None, extra: JSON | None = None) -> str:
+    document: JSON = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "other", "cluster": {"server": "https://other.test"}},
+            {"name": "b", "cluster": cluster or {"server": SERVER}},
+        ],
+        "users": [
+            {"name": "someone", "user": {"token": "not-this-one"}},
+            {"name": "me", "user": user},
+        ],
+        "contexts": [
+            {"name": "other", "context": {"cluster": "other", "user": "someone"}},
+            {"name": "b", "context": {"cluster": "b", "user": "me"}},
+        ],
+        "current-context": "b",
+        **(extra or {}),
+    }
+    return yaml.safe_dump(document)
+
+
+def _spec(
+    *,
+    uid: str = UID,
+    attempt: int = 0,
+    env: tuple[EnvVar, ...] = (),
+    gpus: int = 1,
+    cpu: float = 2.0,
+    memory_gib: float = 4.0,
+    image: str = "example.com/train:1",
+) -> WorkloadSpec:
+    return WorkloadSpec(
+        pod_uid=uid,
+        namespace="team-a",
+        pod_name="train",
+        container_name="main",
+        image=image,
+        command=("python", "train.py"),
+        args=("--epochs", "3"),
+        env=env,
+        ports=(Port(8080, "TCP", "http"),),
+        working_dir="/work",
+        gpu_count=gpus,
+        cpu=cpu,
+        memory_bytes=int(memory_gib * 2**30),
+        attempt=attempt,
+    )
+
+
+SCOPE = OfferScope(
+    provider=PROVIDER,
+    regions=(),
+    gpu_model="A100-80GB",
+    gpu_price_per_hour=2.0,
+    cpu_price_per_hour=0.05,
+    max_gpus=64,
+    max_price_per_hour=None,
+)
+GPU_SHAPE = Shape(1, 8.0, 32.0)
+
+
+def _offer(shape: Shape = GPU_SHAPE, region: str = "remote") -> Offer:
+    return Offer(
+        provider=PROVIDER,
+        sku=shape.sku,
+        region=region,
+        gpu_model="A100-80GB" if shape.gpus else None,
+        gpu_count=shape.gpus,
+        gpu_memory_gib=80.0,
+        vcpus=shape.vcpus,
+        memory_gib=shape.memory_gib,
+        price_per_hour=SCOPE.price(shape),
+    )
+
+
+def _node(
+    name: str,
+    *,
+    gpus: int = 8,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    ready: bool = True,
+    taints: list[JSON] | None = None,
+    labels: dict[str, str] | None = None,
+    unschedulable: bool = False,
+) -> JSON:
+    allocatable = {"cpu": cpu, "memory": memory, "pods": "110"}
+    if gpus:
+        allocatable[GPU_RESOURCE] = str(gpus)
+    return {
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {"taints": taints or [], "unschedulable": unschedulable},
+        "status": {
+            "allocatable": allocatable,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def _bound_pod(
+    node: str,
+    *,
+    gpus: int = 0,
+    cpu: str = "1",
+    memory: str = "1Gi",
+    phase: str = "Running",
+    namespace: str = "default",
+    labels: dict[str, str] | None = None,
+) -> JSON:
+    requests = {"cpu": cpu, "memory": memory}
+    limits = {GPU_RESOURCE: str(gpus)} if gpus else {}
+    return {
+        "metadata": {"name": f"p-{node}", "namespace": namespace, "labels": labels or {}},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "resources": {"requests": requests, "limits": limits}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def _remote_pod(name: str = f"vk-{UID}-0", **status: Any) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": "b-uid-1",
+            "labels": {LABEL_MANAGED_BY: PROVIDER, LABEL_POD_UID: UID, LABEL_ATTEMPT: "0"},
+            "annotations": {
+                ANN_POD_UID: UID,
+                ANN_ATTEMPT: "0",
+                ANN_OFFER: f"{PROVIDER}/{GPU_SHAPE.sku}/remote",
+                ANN_PRICE: "2.400000",
+            },
+        },
+        "spec": {"containers": [{"name": "main", "image": "example.com/train:1"}]},
+        "status": {"phase": "Pending", **status},
+    }
+
+
+def _status(code: int, reason: str, message: str, **details: Any) -> httpx.Response:
+    body: JSON = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        body["details"] = details
+    return httpx.Response(code, json=body)
+
+
+class Sleeps:
+    """A ``RetryPolicy.sleep`` that records instead of waiting."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+Handler = Callable[[httpx.Request], httpx.Response | None]
+
+
+class FakeApi:
+    """Cluster B's API for the adapter: pods and secrets in dicts, failures on demand."""
+
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+        self.namespaces: set[str] = {NAMESPACE}
+        self.pods: dict[str, JSON] = {}
+        self.secrets: dict[str, JSON] = {}
+        self.nodes: list[JSON] = []
+        self.cluster_pods: list[JSON] = []
+        self.overrides: list[Handler] = []  # consulted first; return None to pass
+        self.log_body = b""
+        self._uids = 0
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    def calls(self) -> list[str]:
+        return [f"{r.method} {r.url.path}" for r in self.requests]
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        for override in self.overrides:
+            answer = override(request)
+            if answer is not None:
+                return answer
+        path = request.url.path
+        parts = path.strip("/").split("/")
+        if path == "/api/v1/nodes":
+            return httpx.Response(200, json={"kind": "NodeList", "items": self.nodes})
+        if path == "/api/v1/pods":
+            return httpx.Response(200, json={"kind": "PodList", "items": self.cluster_pods})
+        if path == "/api/v1/namespaces" and request.method == "POST":
+            name = json.loads(request.content)["metadata"]["name"]
+            if name in self.namespaces:
+                return _status(409, "AlreadyExists", f'namespaces "{name}" already exists')
+            self.namespaces.add(name)
+            return httpx.Response(201, json={"metadata": {"name": name}})
+        if len(parts) >= 5 and parts[:3] == ["api", "v1", "namespaces"]:
+            namespace, kind = parts[3], parts[4]
+            store = self.pods if kind == "pods" else self.secrets
+            name = parts[5] if len(parts) > 5 else None
+            if request.method == "POST" and name is None:
+                body = json.loads(request.content)
+                if namespace not in self.namespaces:
+                    return _status(
+                        404, "NotFound", f'namespaces "{namespace}" not found', kind="namespaces"
+                    )
+                name = body["metadata"]["name"]
+                if name in store:
+                    return _status(409, "AlreadyExists", f'{kind} "{name}" already exists')
+                self._uids += 1
+                body["metadata"]["uid"] = f"uid-{self._uids}"
+                if kind == "pods":
+                    body.setdefault("status", {"phase": "Pending"})
+                store[name] = body
+                return httpx.Response(201, json=body)
+            if request.method == "GET" and name is None:
+                selector = request.url.params.get("labelSelector", "")
+                key, _, value = selector.partition("=")
+                items = [p for p in store.values() if p["metadata"]["labels"].get(key) == value]
+                return httpx.Response(200, json={"kind": "PodList", "items": items})
+            assert name is not None
+            if len(parts) == 7 and parts[6] == "log":
+                if name not in store:
+                    return _status(404, "NotFound", f'pods "{name}" not found', kind="pods")
+                return httpx.Response(200, content=self.log_body)
+            if name not in store:
+                return _status(404, "NotFound", f'{kind} "{name}" not found', kind=kind)
+            if request.method == "GET":
+                return httpx.Response(200, json=store[name])
+            if request.method == "DELETE":
+                gone = store.pop(name)
+                return httpx.Response(200, json=gone)
+            if request.method == "PATCH":
+                patch = json.loads(request.content)
+                target = store[name]
+                for section, values in patch.items():
+                    target.setdefault(section, {}).update(values)
+                return httpx.Response(200, json=target)
+        return _status(404, "NotFound", "the server could not find the requested resource")
+
+
+@pytest.fixture
+def fake() -> FakeApi:
+    return FakeApi()
+
+
+@pytest.fixture
+def sleeps() -> Sleeps:
+    return Sleeps()
+
+
+def _config(monkeypatch: pytest.MonkeyPatch, **extra: Any) -> KubernetesProviderConfig:
+    monkeypatch.setenv("VK_TEST_KUBECONFIG_B", _kubeconfig({"token": TOKEN}))
+    return KubernetesProviderConfig.model_validate(
+        {
+            "type": "kubernetes",
+            "name": PROVIDER,
+            "kubeconfig": "env:VK_TEST_KUBECONFIG_B",
+            "namespace": NAMESPACE,
+            "gpu_model": "A100-80GB",
+            "gpu_price_per_hour": 2.0,
+            "cpu_price_per_hour": 0.05,
+            **extra,
+        }
+    )
+
+
+@pytest.fixture
+async def provider(
+    fake: FakeApi, sleeps: Sleeps, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[KubernetesProvider]:
+    adapter = KubernetesProvider(
+        _config(monkeypatch), transport=fake.transport(), retry=RetryPolicy(sleep=sleeps)
+    )
+    try:
+        yield adapter
+    finally:
+        await adapter.close()
+
+
+# --- kubeconfig -----------------------------------------------------------------------------
+
+
+def _pki() -> tuple[bytes, bytes, bytes]:
+    """A CA certificate and a client certificate + key it signed (PEM)."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "admin")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(2)
+        .not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .sign(ca_key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    pem = serialization.Encoding.PEM
+    return ca.public_bytes(pem), cert.public_bytes(pem), key_pem
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_the_current_context_picks_server_ca_and_client_certificate(tmp_path: Path) -> None:
+    ca, cert, key = _pki()
+    text = _kubeconfig(
+        {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)},
+        cluster={"server": SERVER + "/", "certificate-authority-data": _b64(ca)},
+    )
+    access = parse_kubeconfig(text)
+    assert access.server == SERVER
+    assert access.context == "b"
+    assert (access.ca_pem, access.client_cert_pem, access.client_key_pem) == (ca, cert, key)
+    assert access.token is None
+    assert access.headers() == {}
+
+
+def test_the_ssl_context_loads_the_certificates_and_leaves_no_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ca, cert, key = _pki()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    text = _kubeconfig(
+        {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)},
+        cluster={"server": SERVER, "certificate-authority-data": _b64(ca)},
+    )
+    context = parse_kubeconfig(text).ssl_context()
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    assert context.check_hostname
+    assert [c["subject"] for c in context.get_ca_certs()] == [((("commonName", "test-ca"),),)]
+    assert list(scratch.iterdir()) == []  # the key was written privately and removed
+
+
+def test_file_paths_are_read_beside_the_kubeconfig(tmp_path: Path) -> None:
+    ca, cert, key = _pki()
+    (tmp_path / "ca.crt").write_bytes(ca)
+    (tmp_path / "me.crt").write_bytes(cert)
+    (tmp_path / "me.key").write_bytes(key)
+    text = _kubeconfig(
+        {"client-certificate": "me.crt", "client-key": str(tmp_path / "me.key")},
+        cluster={"server": SERVER, "certificate-authority": "ca.crt"},
+    )
+    access = parse_kubeconfig(text, base_dir=tmp_path)
+    assert (access.ca_pem, access.client_cert_pem, access.client_key_pem) == (ca, cert, key)
+
+
+def test_a_token_or_token_file_is_a_bearer_header(tmp_path: Path) -> None:
+    access = parse_kubeconfig(_kubeconfig({"token": TOKEN}))
+    assert access.headers() == {"Authorization": f"Bearer {TOKEN}"}
+    assert TOKEN not in repr(access)
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    from_file = parse_kubeconfig(_kubeconfig({"tokenFile": "token"}), base_dir=tmp_path)
+    assert from_file.token == TOKEN
+
+
+def test_insecure_skip_tls_verify_turns_verification_off() -> None:
+    text = _kubeconfig(
+        {"token": TOKEN}, cluster={"server": SERVER, "insecure-skip-tls-verify": True}
+    )
+    context = parse_kubeconfig(text).ssl_context()
+    assert context.verify_mode == ssl.CERT_NONE
+
+
+def test_another_context_can_be_chosen() -> None:
+    assert parse_kubeconfig(_kubeconfig({"token": TOKEN}), context="other").token == "not-this-one"
+
+
+@pytest.mark.parametrize(
+    ("user", "extra", "expected"),
+    [
+        ({"exec": {"command": "aws"}}, {}, "users['me'].exec is not supported"),
+        ({"auth-provider": {"name": "gcp"}}, {}, "auth-provider is not supported"),
+        ({"client-certificate-data": _b64(b"x")}, {}, "needs both a client certificate"),
+        ({"client-key-data": "%%%"}, {}, "client-key-data is not base64"),
+        ({"token": TOKEN}, {"current-context": "nowhere"}, "no entry 'nowhere' in 'contexts'"),
+        ({"token": TOKEN}, {"current-context": None}, "'current-context' is not set"),
+        ({"client-certificate": "/nonexistent/me.crt"}, {}, "cannot read /nonexistent/me.crt"),
+    ],
+)
+def test_unusable_kubeconfigs_name_the_field(user: JSON, extra: JSON, expected: str) -> None:
+    with pytest.raises(KubeconfigError, match=re.escape(expected)) as raised:
+        parse_kubeconfig(_kubeconfig(user, extra=extra))
+    assert isinstance(raised.value, ConfigError)
+
+
+def test_kubeconfig_errors_never_quote_the_document() -> None:
+    broken = f"users:\n- name: me\n  user: {{token: {TOKEN}\n"
+    with pytest.raises(KubeconfigError) as raised:
+        parse_kubeconfig(broken)
+    assert TOKEN not in str(raised.value)
+    assert "line" in str(raised.value)
+    with pytest.raises(KubeconfigError, match="server is not a URL"):
+        parse_kubeconfig(_kubeconfig({"token": TOKEN}, cluster={"server": "b.test"}))
+
+
+def test_a_ca_that_is_not_pem_is_a_config_error() -> None:
+    text = _kubeconfig(
+        {"token": TOKEN}, cluster={"server": SERVER, "certificate-authority-data": _b64(b"nope")}
+    )
+    with pytest.raises(KubeconfigError, match="not PEM"):
+        parse_kubeconfig(text).ssl_context()
+
+
+# --- quantities, names, skus ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("2", Decimal(2)),
+        ("500m", Decimal("0.5")),
+        ("1.5", Decimal("1.5")),
+        ("64Gi", Decimal(64 * 2**30)),
+        ("128974848", Decimal(128974848)),
+        ("129e6", Decimal(129_000_000)),
+        ("123Mi", Decimal(123 * 2**20)),
+        ("1k", Decimal(1000)),
+        (8, Decimal(8)),
+    ],
+)
+def test_quantities(text: str | int, value: Decimal) -> None:
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1Xi", None, True, "1.2.3"])
+def test_unreadable_quantities_are_malformed(text: object) -> None:
+    with pytest.raises(MalformedResponse):
+        parse_quantity(text)
+
+
+def test_pod_names_are_deterministic_dns_labels() -> None:
+    assert pod_name(_spec()) == f"vk-{UID}-0"
+    assert pod_name(_spec(attempt=12)) == f"vk-{UID}-12"
+    for uid in ("UPPER-case", "x" * 80, "has.dots", "under_score"):
+        name = pod_name(_spec(uid=uid, attempt=3))
+        assert len(name) <= 63
+        assert name.startswith("vk-") and name.endswith("-3")
+        assert name == pod_name(_spec(uid=uid, attempt=3))
+        assert name != pod_name(_spec(uid=uid + "y", attempt=3))
+
+
+def test_label_values_are_kept_or_hashed() -> None:
+    assert label_value("remote-b") == "remote-b"
+    assert label_value(UID) == UID
+    for text in ("has space", "x" * 70, "-leading"):
+        value = label_value(text)
+        assert len(value) <= 63
+        assert value == label_value(text)
+        assert value != text
+
+
+@pytest.mark.parametrize(
+    "shape", [Shape(0, 1.0, 4.0), Shape(8, 96.0, 1024.0), Shape(1, 0.5, 1.5), GPU_SHAPE]
+)
+def test_skus_round_trip(shape: Shape) -> None:
+    assert Shape.parse(shape.sku) == shape
+
+
+@pytest.mark.parametrize(
+    "sku",
+    ["", "a100", "1gpu.8cpu", "secure:on-demand:1x:A100", "1gpu.0cpu.4gib", "x1gpu.1cpu.1gib"],
+)
+def test_foreign_skus_do_not_parse(sku: str) -> None:
+    assert Shape.parse(sku) is None
+
+
+# --- offers ---------------------------------------------------------------------------------
+
+
+def test_pod_requests_count_limits_init_containers_sidecars_and_overhead() -> None:
+    pod = {
+        "spec": {
+            "containers": [
+                {"resources": {"requests": {"cpu": "500m"}, "limits": {GPU_RESOURCE: "2"}}},
+                {"resources": {"limits": {"cpu": "1", "memory": "1Gi"}}},
+            ],
+            "initContainers": [
+                {"resources": {"requests": {"cpu": "4", "memory": "512Mi"}}},
+                {"restartPolicy": "Always", "resources": {"requests": {"memory": "256Mi"}}},
+            ],
+            "overhead": {"cpu": "100m"},
+        }
+    }
+    assert pod_requests(pod) == Resources(
+        gpus=Decimal(2), cpu=Decimal("4.1"), memory=Decimal(1024 + 256) * 2**20
+    )
+
+
+def test_free_capacity_is_allocatable_minus_live_pods() -> None:
+    nodes = {"items": [_node("gpu-1")]}
+    pods = {
+        "items": [
+            _bound_pod("gpu-1", gpus=3, cpu="10", memory="100Gi"),
+            _bound_pod("gpu-1", gpus=4, cpu="10", phase="Succeeded"),  # finished: holds nothing
+            {"metadata": {"name": "unscheduled"}, "spec": {"containers": []}, "status": {}},
+        ]
+    }
+    (node,) = node_capacities(nodes, pods, SCOPE)
+    assert node.free == Resources(Decimal(5), Decimal(54), Decimal(412 * 2**30))
+    assert node.region == "remote"
+    assert node.takes_cpu_pods
+
+
+@pytest.mark.parametrize(
+    ("node", "counted", "cpu_pods"),
+    [
+        (_node("n", ready=False), False, False),
+        (_node("n", unschedulable=True), False, False),
+        (
+            _node("n", taints=[{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]),
+            False,
+            False,
+        ),
+        (_node("n", taints=[{"key": "dedicated", "effect": "PreferNoSchedule"}]), True, True),
+        (
+            _node(
+                "n",
+                taints=[
+                    {"key": "virtual-kubelet.io/provider", "value": "x", "effect": "NoSchedule"}
+                ],
+            ),
+            True,
+            True,
+        ),
+        (
+            _node("n", taints=[{"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}]),
+            True,
+            False,
+        ),
+    ],
+)
+def test_nodes_count_when_ready_schedulable_and_tolerated(
+    node: JSON, counted: bool, cpu_pods: bool
+) -> None:
+    found = node_capacities({"items": [node]}, {"items": []}, SCOPE)
+    assert bool(found) is counted
+    if found:
+        assert found[0].takes_cpu_pods is cpu_pods
+
+
+def test_regions_come_from_labels_then_configuration() -> None:
+    nodes = {
+        "items": [
+            _node("eu", labels={REGION_LABEL: "eu-west"}),
+            _node("us", labels={REGION_LABEL: "us-east"}),
+            _node("bare"),
+        ]
+    }
+    scope = OfferScope(**_scope_args(regions=("eu-west",)))
+    found = {n.name: n.region for n in node_capacities(nodes, {"items": []}, scope)}
+    assert found == {"eu": "eu-west", "bare": "eu-west"}  # us-east is not configured
+    everywhere = {n.name: n.region for n in node_capacities(nodes, {"items": []}, SCOPE)}
+    assert everywhere == {"eu": "eu-west", "us": "us-east", "bare": "remote"}
+
+
+def _scope_args(**changes: Any) -> dict[str, Any]:
+    base = {
+        "provider": SCOPE.provider,
+        "regions": SCOPE.regions,
+        "gpu_model": SCOPE.gpu_model,
+        "gpu_price_per_hour": SCOPE.gpu_price_per_hour,
+        "cpu_price_per_hour": SCOPE.cpu_price_per_hour,
+        "max_gpus": SCOPE.max_gpus,
+        "max_price_per_hour": SCOPE.max_price_per_hour,
+    }
+    return {**base, **changes}
+
+
+def _capacity(
+    name: str = "n",
+    *,
+    gpus: int = 4,
+    cpu: int = 32,
+    memory_gib: int = 128,
+    free_gpus: int = 4,
+    free_cpu: int = 32,
+    free_memory_gib: int = 128,
+    region: str = "remote",
+    cpu_pods: bool = True,
+) -> NodeCapacity:
+    return NodeCapacity(
+        name=name,
+        region=region,
+        allocatable=Resources(Decimal(gpus), Decimal(cpu), Decimal(memory_gib * 2**30)),
+        free=Resources(Decimal(free_gpus), Decimal(free_cpu), Decimal(free_memory_gib * 2**30)),
+        gpu_memory_gib=80.0,
+        takes_cpu_pods=cpu_pods,
+    )
+
+
+def test_gpu_offers_are_per_gpu_shares_priced_per_instance() -> None:
+    offers = {o.sku: o for o in plan_offers([_capacity(free_gpus=3)], SCOPE, gpus_used=0)}
+    gpu = {sku: o for sku, o in offers.items() if o.gpu_count}
+    assert sorted(gpu) == [
+        "1gpu.8cpu.32gib",
+        "2gpu.16cpu.64gib",
+        "3gpu.24cpu.96gib",
+        "4gpu.32cpu.128gib",
+    ]
+    one = gpu["1gpu.8cpu.32gib"]
+    assert (one.provider, one.region, one.gpu_model, one.gpu_memory_gib) == (
+        PROVIDER,
+        "remote",
+        "A100-80GB",
+        80.0,
+    )
+    assert one.price_per_hour == pytest.approx(1 * 2.0 + 8 * 0.05)
+    assert [gpu[s].available for s in sorted(gpu)] == [3, 1, 1, 0]  # 4 GPUs: sold out
+
+
+def test_cpu_offers_are_a_ladder_with_the_nodes_memory_per_vcpu() -> None:
+    offers = plan_offers(
+        [_capacity(gpus=0, cpu=8, memory_gib=32, free_cpu=3, free_gpus=0)], SCOPE, gpus_used=0
+    )
+    assert [(o.sku, o.available, o.gpu_model) for o in offers] == [
+        ("0gpu.1cpu.4gib", 3, None),
+        ("0gpu.2cpu.8gib", 1, None),
+        ("0gpu.4cpu.16gib", 0, None),
+        ("0gpu.8cpu.32gib", 0, None),
+    ]
+    assert offers[1].price_per_hour == pytest.approx(2 * 0.05)
+
+
+def test_identical_nodes_add_up_and_gpu_only_nodes_offer_no_cpu_shapes() -> None:
+    nodes = [_capacity("a", cpu_pods=False), _capacity("b", cpu_pods=False, free_gpus=1)]
+    offers = plan_offers(nodes, SCOPE, gpus_used=0)
+    assert all(o.gpu_count for o in offers)
+    assert {o.sku: o.available for o in offers}["1gpu.8cpu.32gib"] == 5
+
+
+def test_max_gpus_caps_counts_and_what_is_left_beside_our_pods() -> None:
+    scope = OfferScope(**_scope_args(max_gpus=3))
+    offers = {
+        o.sku: o.available for o in plan_offers([_capacity()], scope, gpus_used=2) if o.gpu_count
+    }
+    assert offers == {"1gpu.8cpu.32gib": 1, "2gpu.16cpu.64gib": 0, "3gpu.24cpu.96gib": 0}
+
+
+def test_max_price_drops_dearer_offers() -> None:
+    scope = OfferScope(**_scope_args(max_price_per_hour=5.0))
+    offers = plan_offers([_capacity()], scope, gpus_used=0)
+    assert offers
+    assert max(o.price_per_hour for o in offers) <= 5.0
+    assert "2gpu.16cpu.64gib" in {o.sku for o in offers}  # 4.8
+    assert "3gpu.24cpu.96gib" not in {o.sku for o in offers}  # 7.2
+
+
+# --- manifests ------------------------------------------------------------------------------
+
+
+def test_the_pod_carries_the_workload_and_its_identity() -> None:
+    spec = _spec(env=(EnvVar("MODE", "fast"),))
+    pod = build_pod(
+        spec,
+        GPU_SHAPE,
+        name=pod_name(spec),
+        namespace=NAMESPACE,
+        provider=PROVIDER,
+        offer=_offer(),
+        fallback_region="remote",
+        secret_name=None,
+    )
+    metadata, body = pod["metadata"], pod["spec"]
+    assert isinstance(metadata, dict) and isinstance(body, dict)
+    assert metadata["labels"] == {
+        LABEL_MANAGED_BY: PROVIDER,
+        LABEL_POD_UID: UID,
+        LABEL_ATTEMPT: "0",
+    }
+    assert metadata["annotations"][ANN_OFFER] == f"{PROVIDER}/1gpu.8cpu.32gib/remote"
+    assert float(metadata["annotations"][ANN_PRICE]) == pytest.approx(2.4)
+    assert body["restartPolicy"] == "Never"
+    assert body["automountServiceAccountToken"] is False
+    assert body["enableServiceLinks"] is False
+    assert body["tolerations"] == [
+        {"key": "virtual-kubelet.io/provider", "operator": "Exists"},
+        {"key": GPU_RESOURCE, "operator": "Exists"},
+    ]
+    terms = body["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms == [
+        {"matchExpressions": [{"key": REGION_LABEL, "operator": "In", "values": ["remote"]}]},
+        {"matchExpressions": [{"key": REGION_LABEL, "operator": "DoesNotExist"}]},
+    ]
+    (container,) = body["containers"]
+    assert container == {
+        "name": "main",
+        "image": "example.com/train:1",
+        "command": ["python", "train.py"],
+        "args": ["--epochs", "3"],
+        "workingDir": "/work",
+        "env": [{"name": "MODE", "value": "fast"}],
+        "ports": [{"containerPort": 8080, "protocol": "TCP", "name": "http"}],
+        "resources": {
+            "requests": {"cpu": "2000m", "memory": str(4 * 2**30)},
+            "limits": {"cpu": "8000m", "memory": "32768Mi", GPU_RESOURCE: "1"},
+        },
+    }
+
+
+def test_cpu_pods_tolerate_only_virtual_nodes_and_labelled_regions_are_pinned() -> None:
+    spec = _spec(gpus=0, cpu=0, memory_gib=0)
+    pod = build_pod(
+        spec,
+        Shape(0, 1.0, 4.0),
+        name="p",
+        namespace=NAMESPACE,
+        provider=PROVIDER,
+        offer=_offer(Shape(0, 1.0, 4.0), region="eu-west"),
+        fallback_region="remote",
+        secret_name=None,
+    )
+    body = pod["spec"]
+    assert isinstance(body, dict)
+    assert body["tolerations"] == [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}]
+    terms = body["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms == [
+        {"matchExpressions": [{"key": REGION_LABEL, "operator": "In", "values": ["eu-west"]}]}
+    ]
+    resources = body["containers"][0]["resources"]
+    # Explicit zero requests: otherwise the API server would turn the limits into requests.
+    assert resources["requests"] == {"cpu": "0m", "memory": "0"}
+    assert GPU_RESOURCE not in resources["limits"]
+
+
+def test_secret_values_go_to_the_secret_and_are_referenced() -> None:
+    spec = _spec(
+        env=(
+            EnvVar("PLAIN", "visible"),
+            EnvVar("API_TOKEN", "hunter2", secret=True),
+            EnvVar("weird name!", "s3cret", secret=True),
+        )
+    )
+    name = pod_name(spec)
+    secret = build_secret(spec, name=name, namespace=NAMESPACE, provider=PROVIDER)
+    assert secret is not None
+    assert secret["data"] == {
+        "API_TOKEN": _b64(b"hunter2"),
+        "env-2": _b64(b"s3cret"),
+    }
+    assert secret["metadata"] == {
+        "name": name,
+        "namespace": NAMESPACE,
+        "labels": {LABEL_MANAGED_BY: PROVIDER, LABEL_POD_UID: UID, LABEL_ATTEMPT: "0"},
+    }
+    pod = build_pod(
+        spec,
+        GPU_SHAPE,
+        name=name,
+        namespace=NAMESPACE,
+        provider=PROVIDER,
+        offer=_offer(),
+        fallback_region="remote",
+        secret_name=name,
+    )
+    text = json.dumps(pod)
+    assert "hunter2" not in text and "s3cret" not in text
+    assert pod["spec"]["containers"][0]["env"] == [  # type: ignore[index]
+        {"name": "PLAIN", "value": "visible"},
+        {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "API_TOKEN"}}},
+        {"name": "weird name!", "valueFrom": {"secretKeyRef": {"name": name, "key": "env-2"}}},
+    ]
+    assert build_secret(_spec(), name=name, namespace=NAMESPACE, provider=PROVIDER) is None
+
+
+def test_a_pod_without_an_image_is_invalid() -> None:
+    with pytest.raises(InvalidSpec) as raised:
+        build_pod(
+            _spec(image=" "),
+            GPU_SHAPE,
+            name="p",
+            namespace=NAMESPACE,
+            provider=PROVIDER,
+            offer=_offer(),
+            fallback_region="remote",
+            secret_name=None,
+        )
+    assert raised.value.field == "spec.containers[0].image"
+
+
+# --- states ---------------------------------------------------------------------------------
+
+STARTED = "2026-03-13T20:00:01Z"
+FINISHED = "2026-03-13T20:00:09Z"
+
+
+def _with_container(state: JSON) -> JSON:
+    return {"containerStatuses": [{"name": "main", "state": state}]}
+
+
+@pytest.mark.parametrize(
+    ("status", "metadata", "state", "exit_code", "message"),
+    [
+        ({"phase": "Pending"}, {}, InstanceState.PENDING, None, "Pending"),
+        (
+            {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/3 nodes are available",
+                    }
+                ],
+            },
+            {},
+            InstanceState.PENDING,
+            None,
+            "Unschedulable: 0/3 nodes are available",
+        ),
+        (
+            {"phase": "Pending", **_with_container({"waiting": {"reason": "ContainerCreating"}})},
+            {},
+            InstanceState.PENDING,
+            None,
+            "ContainerCreating",
+        ),
+        (
+            {
+                "phase": "Running",
+                "podIP": "10.1.2.3",
+                **_with_container({"running": {"startedAt": STARTED}}),
+            },
+            {},
+            InstanceState.RUNNING,
+            None,
+            "",
+        ),
+        (
+            {
+                "phase": "Succeeded",
+                **_with_container({"terminated": {"exitCode": 0, "reason": "Completed"}}),
+            },
+            {},
+            InstanceState.EXITED,
+            0,
+            "Completed",
+        ),
+        ({"phase": "Succeeded"}, {}, InstanceState.EXITED, 0, "Completed"),
+        (
+            {
+                "phase": "Failed",
+                **_with_container(
+                    {
+                        "terminated": {
+                            "exitCode": 137,
+                            "reason": "OOMKilled",
+                            "startedAt": STARTED,
+                            "finishedAt": FINISHED,
+                        }
+                    }
+                ),
+            },
+            {},
+            InstanceState.EXITED,
+            137,
+            "OOMKilled",
+        ),
+        (
+            {"phase": "Running", **_with_container({"terminated": {"exitCode": 2}})},
+            {},
+            InstanceState.EXITED,
+            2,
+            "",
+        ),
+        (
+            {"phase": "Failed", "reason": "DeadlineExceeded"},
+            {},
+            InstanceState.LOST,
+            None,
+            "DeadlineExceeded",
+        ),
+        ({"phase": "Unknown"}, {}, InstanceState.LOST, None, "lost contact"),
+        (
+            {"phase": "Failed", "reason": "Evicted", "message": "low on memory"},
+            {},
+            InstanceState.LOST,
+            None,
+            "Evicted: low on memory",
+        ),
+        ({"phase": "Running", "reason": "Preempting"}, {}, InstanceState.LOST, None, "Preempting"),
+        (
+            {"phase": "Failed", "reason": "OutOfnvidia.com/gpu"},
+            {},
+            InstanceState.LOST,
+            None,
+            "OutOf",
+        ),
+        (
+            {
+                "phase": "Running",
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "DeletionByTaintManager",
+                    }
+                ],
+            },
+            {},
+            InstanceState.LOST,
+            None,
+            "DeletionByTaintManager",
+        ),
+        (
+            {"phase": "Running", **_with_container({"running": {"startedAt": STARTED}})},
+            {"deletionTimestamp": FINISHED},
+            InstanceState.TERMINATING,
+            None,
+            "deletion requested",
+        ),
+    ],
+)
+def test_the_state_table(
+    status: JSON, metadata: JSON, state: InstanceState, exit_code: int | None, message: str
+) -> None:
+    seen = observe({"metadata": metadata, "status": status})
+    assert seen.state is state
+    assert seen.exit_code == exit_code
+    assert message in seen.message
+
+
+def test_an_unknown_phase_is_malformed() -> None:
+    with pytest.raises(MalformedResponse, match="'Hibernating'"):
+        observe({"metadata": {}, "status": {"phase": "Hibernating"}})
+
+
+def test_instances_carry_ip_times_offer_and_price() -> None:
+    pod = _remote_pod(
+        phase="Running",
+        podIP="10.1.2.3",
+        containerStatuses=[{"name": "main", "state": {"running": {"startedAt": STARTED}}}],
+    )
+    instance = parse_instance(pod, provider=PROVIDER)
+    assert instance is not None
+    assert (instance.instance_id, instance.pod_uid, instance.attempt) == (f"vk-{UID}-0", UID, 0)
+    assert instance.state is InstanceState.RUNNING
+    assert instance.ip == "10.1.2.3"
+    assert instance.started_at == dt.datetime(2026, 3, 13, 20, 0, 1, tzinfo=dt.UTC)
+    assert instance.offer_key == f"{PROVIDER}/{GPU_SHAPE.sku}/remote"
+    assert instance.price_per_hour == pytest.approx(2.4)
+
+
+def test_pods_of_others_are_not_ours() -> None:
+    other = _remote_pod()
+    other["metadata"]["labels"][LABEL_MANAGED_BY] = "another-agent"
+    assert parse_instance(other, provider=PROVIDER) is None
+    unannotated = _remote_pod()
+    unannotated["metadata"]["annotations"] = {}
+    assert parse_instance(unannotated, provider=PROVIDER) is None
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("failure", "call", "expected"),
+    [
+        (ApiFailure(401, "Unauthorized", "Unauthorized"), Call.READ, AuthFailed),
+        (
+            ApiFailure(
+                403, "Forbidden", 'pods is forbidden: User "x" cannot create resource "pods"'
+            ),
+            Call.WRITE,
+            AuthFailed,
+        ),
+        (
+            ApiFailure(
+                403, "Forbidden", 'pods "p" is forbidden: exceeded quota: q, requested: pods=1'
+            ),
+            Call.WRITE,
+            CapacityUnavailable,
+        ),
+        (
+            ApiFailure(
+                403,
+                "Forbidden",
+                'pods "p" is forbidden: error looking up service account ns/default: '
+                'serviceaccount "default" not found',
+            ),
+            Call.WRITE,
+            Transient,
+        ),
+        (ApiFailure(404, "NotFound", 'pods "p" not found'), Call.READ, NotFound),
+        (ApiFailure(409, "Conflict", "the object has been modified"), Call.WRITE, Transient),
+        (ApiFailure(422, "Invalid", "Pod is invalid"), Call.WRITE, InvalidSpec),
+        (ApiFailure(400, "BadRequest", "bad"), Call.WRITE, InvalidSpec),
+        (
+            ApiFailure(400, "BadRequest", 'container "main" is waiting to start'),
+            Call.LOGS,
+            Transient,
+        ),
+        (ApiFailure(429, "TooManyRequests", "slow down", retry_after=3.0), Call.READ, RateLimited),
+        (ApiFailure(500, "InternalError", "etcd timeout"), Call.READ, Transient),
+        (ApiFailure(503, "ServiceUnavailable", ""), Call.READ, Transient),
+        (ApiFailure(None, message="ConnectError: refused"), Call.READ, Transient),
+    ],
+)
+def test_each_failure_lands_in_its_class(
+    failure: ApiFailure, call: Call, expected: type[ProviderError]
+) -> None:
+    error = classify_failure(failure, provider=PROVIDER, what="create pod p", call=call)
+    assert type(error) is expected
+    assert error.provider == PROVIDER
+    assert "create pod p" in str(error)
+    if isinstance(error, RateLimited):
+        assert error.retry_after == 3.0
+
+
+def test_invalid_names_the_field_from_the_status_causes() -> None:
+    response = _status(
+        422,
+        "Invalid",
+        'Pod "p9" is invalid: spec.containers[0].ports[0].containerPort: Required value',
+        name="p9",
+        kind="Pod",
+        causes=[
+            {
+                "reason": "FieldValueRequired",
+                "message": "Required value",
+                "field": "spec.containers[0].ports[0].containerPort",
+            }
+        ],
+    )
+    failure = api_failure(response)
+    assert failure.fields == ("spec.containers[0].ports[0].containerPort",)
+    error = classify_failure(failure, provider=PROVIDER, what="create pod p9", call=Call.WRITE)
+    assert isinstance(error, InvalidSpec)
+    assert error.field == "spec.containers[0].ports[0].containerPort"
+    no_causes = classify_failure(
+        ApiFailure(422, "Invalid", 'Pod "p" is invalid: spec.containers[0].image: Required value'),
+        provider=PROVIDER,
+        what="create",
+        call=Call.WRITE,
+    )
+    assert isinstance(no_causes, InvalidSpec) and no_causes.field == "spec.containers[0].image"
+
+
+def test_retry_after_comes_from_the_header_or_the_status() -> None:
+    header = httpx.Response(429, text="Too many requests", headers={"Retry-After": "2"})
+    assert api_failure(header).retry_after == 2.0
+    assert api_failure(header).message == "Too many requests"
+    status = _status(429, "TooManyRequests", "slow", retryAfterSeconds=7)
+    assert api_failure(status).retry_after == 7.0
+    assert api_failure(status).reason == "TooManyRequests"
+
+
+# --- logs helpers ---------------------------------------------------------------------------
+
+
+def test_log_parameters() -> None:
+    options = LogOptions(
+        tail_lines=10, follow=True, timestamps=True, since_seconds=60, limit_bytes=5
+    )
+    assert log_params("main", options) == {
+        "container": "main",
+        "follow": "true",
+        "timestamps": "true",
+        "tailLines": "10",
+        "sinceSeconds": "60",
+        "limitBytes": "5",
+    }
+    assert log_params("main", LogOptions()) == {"container": "main"}
+
+
+def test_lines_are_whole_and_end_with_a_newline() -> None:
+    splitter = LineSplitter()
+    assert splitter.feed(b"one\ntw") == [b"one\n"]
+    assert splitter.feed(b"o\nthr") == [b"two\n"]
+    assert splitter.feed(b"ee") == []
+    assert splitter.flush() == b"three\n"
+    assert splitter.flush() == b""
+
+
+# --- the adapter over HTTP ------------------------------------------------------------------
+
+
+async def test_it_is_a_provider_with_every_log_capability(provider: KubernetesProvider) -> None:
+    assert isinstance(provider, Provider)
+    assert provider.name == PROVIDER
+    caps = provider.capabilities
+    assert (caps.logs, caps.follow_logs, caps.log_timestamps) == (True, True, True)
+
+
+async def test_create_sends_the_token_and_returns_a_pending_instance(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    instance = await provider.create(_spec(), _offer())
+    assert instance.instance_id == f"vk-{UID}-0"
+    assert instance.state is InstanceState.PENDING
+    assert (instance.pod_uid, instance.attempt) == (UID, 0)
+    assert instance.offer_key == f"{PROVIDER}/1gpu.8cpu.32gib/remote"
+    (post,) = fake.requests
+    assert post.headers["Authorization"] == f"Bearer {TOKEN}"
+    assert post.url.params["fieldManager"] == "vk-provider"
+    assert fake.calls() == [f"POST /api/v1/namespaces/{NAMESPACE}/pods"]
+
+
+async def test_a_second_create_returns_the_same_pod(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    first = await provider.create(_spec(), _offer())
+    second = await provider.create(_spec(), _offer())
+    assert second.instance_id == first.instance_id
+    assert len(fake.pods) == 1
+    assert fake.calls()[-1] == f"GET /api/v1/namespaces/{NAMESPACE}/pods/{first.instance_id}"
+
+
+async def test_a_pod_of_that_name_made_for_something_else_is_refused(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    squatter = _remote_pod()
+    squatter["metadata"]["annotations"][ANN_ATTEMPT] = "5"
+    fake.pods[squatter["metadata"]["name"]] = squatter
+    with pytest.raises(CapacityUnavailable, match="not made for"):
+        await provider.create(_spec(), _offer())
+
+
+async def test_the_namespace_is_made_when_missing(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    fake.namespaces.clear()
+    adapter = KubernetesProvider(
+        _config(monkeypatch), transport=fake.transport(), retry=RetryPolicy(sleep=sleeps)
+    )
+    try:
+        await adapter.create(_spec(), _offer())
+    finally:
+        await adapter.close()
+    assert fake.calls() == [
+        f"POST /api/v1/namespaces/{NAMESPACE}/pods",
+        "POST /api/v1/namespaces",
+        f"POST /api/v1/namespaces/{NAMESPACE}/pods",
+    ]
+    namespace = json.loads(fake.requests[1].content)
+    assert namespace["metadata"] == {"name": NAMESPACE, "labels": {LABEL_MANAGED_BY: PROVIDER}}
+
+
+async def test_secret_first_then_pod_then_owner(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    spec = _spec(env=(EnvVar("API_TOKEN", "hunter2", secret=True),))
+    instance = await provider.create(spec, _offer())
+    base = f"/api/v1/namespaces/{NAMESPACE}"
+    name = instance.instance_id
+    assert fake.calls() == [
+        f"POST {base}/secrets",
+        f"POST {base}/pods",
+        f"PATCH {base}/secrets/{name}",
+    ]
+    patch = fake.requests[2]
+    assert patch.headers["Content-Type"] == "application/merge-patch+json"
+    pod_uid = fake.pods[name]["metadata"]["uid"]
+    assert fake.secrets[name]["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod_uid, "controller": True}
+    ]
+    assert "hunter2" not in json.dumps(fake.pods[name])
+
+
+async def test_a_refused_pod_takes_its_secret_with_it_and_names_the_field(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response | None:
+        if request.method == "POST" and request.url.path.endswith("/pods"):
+            return _status(
+                422,
+                "Invalid",
+                'Pod "p" is invalid: spec.containers[0].env[0].valueFrom: hunter2 is not allowed',
+                causes=[{"field": "spec.containers[0].env[0].valueFrom", "message": "x"}],
+            )
+        return None
+
+    fake.overrides.append(refuse)
+    spec = _spec(env=(EnvVar("API_TOKEN", "hunter2", secret=True),))
+    with pytest.raises(InvalidSpec) as raised:
+        await provider.create(spec, _offer())
+    assert raised.value.field == "spec.containers[0].env[0].valueFrom"
+    assert "hunter2" not in str(raised.value)
+    assert fake.secrets == {}
+    assert fake.calls()[-1] == f"DELETE /api/v1/namespaces/{NAMESPACE}/secrets/{pod_name(spec)}"
+
+
+async def test_an_existing_secret_is_brought_up_to_date(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    spec = _spec(env=(EnvVar("API_TOKEN", "new", secret=True),))
+    fake.secrets[pod_name(spec)] = {
+        "metadata": {"name": pod_name(spec)},
+        "data": {"API_TOKEN": "b2xk"},
+    }
+    await provider.create(spec, _offer())
+    assert fake.secrets[pod_name(spec)]["data"] == {"API_TOKEN": _b64(b"new")}
+
+
+@pytest.mark.parametrize(
+    ("sku", "provider_name"),
+    [("a100", PROVIDER), (GPU_SHAPE.sku, "someone-else"), ("0gpu.1cpu.2gib", PROVIDER)],
+)
+async def test_foreign_or_too_small_offers_are_capacity_errors(
+    provider: KubernetesProvider, fake: FakeApi, sku: str, provider_name: str
+) -> None:
+    offer = Offer(
+        provider=provider_name,
+        sku=sku,
+        region="remote",
+        gpu_model=None,
+        gpu_count=0,
+        gpu_memory_gib=0,
+        vcpus=1,
+        memory_gib=2,
+        price_per_hour=0.1,
+    )
+    with pytest.raises(CapacityUnavailable):
+        await provider.create(_spec(), offer)
+    assert fake.requests == []
+
+
+async def test_server_errors_are_retried_then_succeed(
+    provider: KubernetesProvider, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    failures = iter([_status(500, "InternalError", "etcd"), _status(503, "ServiceUnavailable", "")])
+
+    def flaky(request: httpx.Request) -> httpx.Response | None:
+        return next(failures, None)
+
+    fake.overrides.append(flaky)
+    instance = await provider.create(_spec(), _offer())
+    assert instance.state is InstanceState.PENDING
+    assert sleeps.waits == [0.25, 0.5]
+
+
+async def test_a_lost_answer_is_found_by_the_retry(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    lost = {"done": False}
+
+    def lose_first_answer(request: httpx.Request) -> httpx.Response | None:
+        if request.method == "POST" and not lost["done"]:
+            lost["done"] = True
+            fake.overrides.remove(lose_first_answer)
+            fake.handle(request)  # the pod is made ...
+            raise httpx.ReadTimeout("timed out", request=request)  # ... the answer is lost
+        return None
+
+    fake.overrides.append(lose_first_answer)
+    instance = await provider.create(_spec(), _offer())
+    assert instance.pod_uid == UID
+    assert len(fake.pods) == 1
+
+
+async def test_rate_limits_wait_as_told_then_give_up(
+    provider: KubernetesProvider, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    fake.overrides.append(
+        lambda r: httpx.Response(
+            429,
+            headers={"Retry-After": "1"},
+            json={
+                "kind": "Status",
+                "reason": "TooManyRequests",
+                "message": "slow down",
+                "code": 429,
+            },
+        )
+    )
+    with pytest.raises(RateLimited) as raised:
+        await provider.get("vk-x-0")
+    assert raised.value.retry_after == 1.0
+    assert sleeps.waits == [1.0, 1.0, 1.0]
+
+
+async def test_connection_errors_become_transient_after_the_retries(
+    provider: KubernetesProvider, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    fake.overrides.append(refuse)
+    with pytest.raises(Transient, match="ConnectError"):
+        await provider.list_ours()
+    assert len(fake.requests) == 4
+
+
+async def test_malformed_answers_are_transient_and_say_what(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    fake.overrides.append(lambda r: httpx.Response(200, content=b"<html>proxy</html>"))
+    with pytest.raises(Transient, match="malformed JSON"):
+        await provider.get("vk-x-0")
+    fake.overrides[:] = [lambda r: httpx.Response(200, json={"kind": "PodList"})]
+    with pytest.raises(Transient, match="'items' is missing"):
+        await provider.list_ours()
+
+
+async def test_the_token_is_never_in_a_message(
+    provider: KubernetesProvider, fake: FakeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.overrides.append(lambda r: _status(401, "Unauthorized", f"token {TOKEN} expired"))
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(AuthFailed) as raised:
+        await provider.get("vk-x-0")
+    assert TOKEN not in str(raised.value)
+    assert TOKEN not in caplog.text
+
+
+async def test_get_reads_ours_and_refuses_others(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    fake.pods[f"vk-{UID}-0"] = _remote_pod(phase="Running", podIP="10.0.0.9")
+    other = _remote_pod("vk-other-0")
+    other["metadata"]["labels"][LABEL_MANAGED_BY] = "another-agent"
+    fake.pods["vk-other-0"] = other
+    got = await provider.get(f"vk-{UID}-0")
+    assert (got.state, got.ip) == (InstanceState.RUNNING, "10.0.0.9")
+    with pytest.raises(NotFound, match="not ours"):
+        await provider.get("vk-other-0")
+    with pytest.raises(NotFound):
+        await provider.get("vk-gone-0")
+    with pytest.raises(NotFound):
+        await provider.get("../../nodes/x")
+    assert len(fake.requests) == 3  # the last one never went out
+
+
+async def test_list_selects_by_label_and_keeps_only_ours(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    fake.pods[f"vk-{UID}-0"] = _remote_pod()
+    unannotated = _remote_pod("vk-stray-0")
+    unannotated["metadata"]["annotations"] = {}
+    fake.pods["vk-stray-0"] = unannotated
+    listed = await provider.list_ours()
+    assert [i.instance_id for i in listed] == [f"vk-{UID}-0"]
+    assert fake.requests[0].url.params["labelSelector"] == f"{LABEL_MANAGED_BY}={PROVIDER}"
+
+
+@pytest.mark.parametrize(("grace", "sent"), [(0, 1), (0.2, 1), (7.5, 8), (30, 30)])
+async def test_delete_asks_for_a_grace_period_and_drops_the_secret(
+    provider: KubernetesProvider, fake: FakeApi, grace: float, sent: int
+) -> None:
+    fake.pods[f"vk-{UID}-0"] = _remote_pod()
+    await provider.delete(f"vk-{UID}-0", grace_seconds=grace)
+    assert fake.pods == {}
+    delete = fake.requests[0]
+    assert json.loads(delete.content) == {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "gracePeriodSeconds": sent,
+        "propagationPolicy": "Background",
+    }
+    assert fake.calls()[1] == f"DELETE /api/v1/namespaces/{NAMESPACE}/secrets/vk-{UID}-0"
+
+
+async def test_deleting_what_is_gone_succeeds(provider: KubernetesProvider, fake: FakeApi) -> None:
+    await provider.delete("vk-gone-0", grace_seconds=0)
+    await provider.delete("Not A Name", grace_seconds=0)
+    assert len(fake.requests) == 2  # pod and secret of the first; nothing for the second
+
+
+async def test_logs_stream_whole_lines_with_the_query(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    fake.pods[f"vk-{UID}-0"] = _remote_pod(phase="Running")
+    fake.log_body = b"2026-03-13T20:00:01.5Z hello\n2026-03-13T20:00:02Z partial"
+    options = LogOptions(tail_lines=2, timestamps=True)
+    chunks = [c async for c in provider.logs(f"vk-{UID}-0", options)]
+    assert chunks == [b"2026-03-13T20:00:01.5Z hello\n", b"2026-03-13T20:00:02Z partial\n"]
+    request = fake.requests[-1]
+    assert request.url.path.endswith("/log")
+    assert dict(request.url.params) == {"container": "main", "timestamps": "true", "tailLines": "2"}
+
+
+async def test_logs_of_a_missing_pod_are_not_found(provider: KubernetesProvider) -> None:
+    with pytest.raises(NotFound):
+        _ = [c async for c in provider.logs("vk-gone-0", LogOptions())]
+
+
+async def test_offers_from_nodes_and_pods(provider: KubernetesProvider, fake: FakeApi) -> None:
+    fake.nodes = [_node("gpu-1", gpus=2, cpu="16", memory="64Gi"), _node("down", ready=False)]
+    fake.cluster_pods = [
+        _bound_pod(
+            "gpu-1", gpus=1, cpu="2", namespace=NAMESPACE, labels={LABEL_MANAGED_BY: PROVIDER}
+        )
+    ]
+    offers = {o.sku: o for o in await provider.offers()}
+    assert offers["1gpu.8cpu.32gib"].available == 1
+    assert offers["2gpu.16cpu.64gib"].available == 0
+    assert offers["0gpu.1cpu.4gib"].available == 14
+    pods_query = fake.requests[1].url.params["fieldSelector"]
+    assert pods_query == "status.phase!=Succeeded,status.phase!=Failed"
+
+
+async def test_a_secret_that_cannot_be_deleted_does_not_fail_the_delete(
+    provider: KubernetesProvider, fake: FakeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.pods[f"vk-{UID}-0"] = _remote_pod()
+
+    def forbid_secrets(request: httpx.Request) -> httpx.Response | None:
+        if "/secrets/" in request.url.path:
+            return _status(403, "Forbidden", 'secrets "x" is forbidden: User cannot delete')
+        return None
+
+    fake.overrides.append(forbid_secrets)
+    await provider.delete(f"vk-{UID}-0", grace_seconds=3)
+    assert fake.pods == {}
+    assert "not cleaned up" in caplog.text
+
+
+async def test_a_byte_limited_log_keeps_its_cut(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    fake.pods[f"vk-{UID}-0"] = _remote_pod(phase="Running")
+    fake.log_body = b"line one\nline t"
+    chunks = [c async for c in provider.logs(f"vk-{UID}-0", LogOptions(limit_bytes=15))]
+    assert b"".join(chunks) == b"line one\nline t"
+
+
+async def test_the_provider_reads_a_kubeconfig_file_with_relative_paths(
+    tmp_path: Path,
+) -> None:
+    ca, cert, key = _pki()
+    (tmp_path / "ca.crt").write_bytes(ca)
+    (tmp_path / "admin.crt").write_bytes(cert)
+    (tmp_path / "admin.key").write_bytes(key)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        _kubeconfig(
+            {"client-certificate": "admin.crt", "client-key": "admin.key"},
+            cluster={"server": SERVER, "certificate-authority": "ca.crt"},
+        )
+    )
+    config = KubernetesProviderConfig.model_validate(
+        {"type": "kubernetes", "name": PROVIDER, "kubeconfig": f"file:{kubeconfig}"}
+    )
+    adapter = KubernetesProvider(config)  # builds its TLS transport from the files
+    await adapter.close()
+    kubeconfig.write_text(_kubeconfig({"exec": {"command": "aws"}}))
+    with pytest.raises(ConfigError, match="exec is not supported"):
+        KubernetesProvider(config)
