@@ -116,7 +116,11 @@ class CircuitBreaker:
         self._failures.append(now)
         self._last_error = f"{type(error).__name__}: {error}"[:300]
         self._consecutive += 1
-        if self._state is BreakerState.HALF_OPEN or self._consecutive >= self._threshold:
+        if self._state is BreakerState.HALF_OPEN or (
+            self._state is BreakerState.CLOSED and self._consecutive >= self._threshold
+        ):
+            # Only a transition (re)starts the cool-down: failures while already open (e.g.
+            # deletes, which are always attempted) must not postpone the probe forever.
             self._state = BreakerState.OPEN
             self._opened_at = now
             self._probe_at = None

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -73,6 +74,9 @@ async def _json(call: Awaitable[Any]) -> JSON:
         response = await call
     except ApiException as exc:
         raise _translate(exc) from exc
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        # Connection refused, reset, timed out (an API server restarting): one error type.
+        raise ApiError(0, f"{type(exc).__name__}: {exc}") from exc
     try:
         if response.status >= 400:
             # Unparsed responses do not raise: the status must be checked here.
@@ -157,6 +161,8 @@ class KubeClient:
             )
         except ApiException as exc:
             raise _translate(exc) from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ApiError(0, f"{type(exc).__name__}: {exc}") from exc
         if response.status >= 400:
             body = await response.read()
             response.release()
@@ -173,6 +179,8 @@ class KubeClient:
                 yield kind, obj
         except ApiError as exc:
             raise (GoneError(exc.status, str(exc)) if exc.status == 410 else exc) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ApiError(0, f"watch broken: {type(exc).__name__}: {exc}") from exc
         finally:
             response.release()
 

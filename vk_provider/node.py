@@ -47,8 +47,16 @@ class NodeResources:
         }
 
 
-def node_capacity(offers: Iterable[Offer], config: NodeConfig) -> NodeResources:
-    """What the providers can give right now, bounded by the configured caps.
+def node_capacity(
+    offers: Iterable[Offer],
+    config: NodeConfig,
+    held: tuple[float, float, float] = (0.0, 0.0, 0.0),
+) -> NodeResources:
+    """What the providers can give right now plus what the node's pods hold, within the caps.
+
+    Offers describe *free* capacity (adapters subtract the instances already running), while
+    the scheduler subtracts the requests of the pods already on the node: so the node's
+    capacity is the free part plus ``held`` (GPUs, vCPUs, GiB of the node's live pods).
 
     Offers of one provider, region and GPU model usually draw on one pool (1x, 2x, 4x and 8x
     shapes of the same machines), so a pool counts once, by its largest offer; distinct
@@ -65,9 +73,9 @@ def node_capacity(offers: Iterable[Offer], config: NodeConfig) -> NodeResources:
         key = (offer.provider, offer.region, offer.gpu_model)
         best = pools.get(key, (0.0, 0.0, 0.0))
         pools[key] = (max(best[0], size[0]), max(best[1], size[1]), max(best[2], size[2]))
-    gpus = sum(p[0] for p in pools.values())
-    cpu = sum(p[1] for p in pools.values())
-    memory = sum(p[2] for p in pools.values())
+    gpus = sum(p[0] for p in pools.values()) + max(held[0], 0)
+    cpu = sum(p[1] for p in pools.values()) + max(held[1], 0)
+    memory = sum(p[2] for p in pools.values()) + max(held[2], 0)
     return NodeResources(
         gpus=min(int(gpus), config.max_gpus),
         cpu=min(int(cpu), config.max_cpu),
@@ -202,7 +210,9 @@ class NodeController:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         on_lease_failure: Callable[[], None] = lambda: None,
         responsive: Callable[[float], set[str]] | None = None,
+        held: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0),
     ) -> None:
+        self._held = held
         self._on_lease_failure = on_lease_failure
         # Which providers answered any call lately; default: their offers calls.
         self._responsive = responsive or (lambda within: offers.responsive(within))
@@ -251,7 +261,7 @@ class NodeController:
 
     async def update_status(self) -> None:
         answering = self._providers_answer()
-        resources = node_capacity(self._offers.cached(), self._config)
+        resources = node_capacity(self._offers.cached(), self._config, self._held())
         previous = await self._kube.get_node(self.name)
         status = node_status(
             resources=resources,

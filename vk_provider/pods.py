@@ -30,6 +30,9 @@ from datetime import UTC, datetime
 
 from providers.contract import Provider
 from providers.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
     NotFound,
     ProviderError,
 )
@@ -51,6 +54,7 @@ from vk_provider.podjson import (
     annotations_of,
     container_spec,
     container_status,
+    is_terminal,
     meta,
     parse_time,
     pod_key,
@@ -74,7 +78,13 @@ from vk_provider.reconcile import (
     Terminate,
     plan_reconcile,
 )
-from vk_provider.translate import InvalidPodSpec, references, to_workload
+from vk_provider.translate import (
+    GPU_RESOURCE,
+    InvalidPodSpec,
+    parse_quantity,
+    references,
+    to_workload,
+)
 from vk_provider.view import PodPlacement
 from vk_provider.workqueue import QueueClosed, WorkQueue
 
@@ -109,6 +119,7 @@ class _PodMemory:
     retries: int = 0
     prefer: str | None = None  # offer key to retry first after a 429 / 5xx
     failures: int = 0  # syncs in a row that raised (back-off of the next retry)
+    not_before: float = 0.0  # monotonic time before which placement is not retried
 
 
 def backoff(base: float, attempt: int) -> float:
@@ -202,6 +213,25 @@ class PodController:
     def placements(self) -> list[PodPlacement]:
         return list(self._placements.values())
 
+    def held_resources(self) -> tuple[float, float, float]:
+        """GPUs, vCPUs and GiB requested by the node's live, placed pods (node capacity)."""
+        gpus = cpu = memory = 0.0
+        for pod in self._pods.values():
+            if is_terminal(pod) or ANN_INSTANCE not in annotations_of(pod):
+                continue
+            resources = container_spec(pod).get("resources") or {}
+            limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+            try:
+                gpus += float(parse_quantity(str(limits.get(GPU_RESOURCE, "0"))))
+                cpu += float(parse_quantity(str(requests.get("cpu", limits.get("cpu", "0")))))
+                memory += (
+                    float(parse_quantity(str(requests.get("memory", limits.get("memory", "0")))))
+                    / 2**30
+                )
+            except ValueError:
+                continue  # translation refuses such pods; they hold nothing
+        return gpus, cpu, memory
+
     def _account(self, pod: JSON) -> None:
         """Keep the budget ledger equal to what the pods' annotations say runs.
 
@@ -240,14 +270,15 @@ class PodController:
                     if key not in listed:
                         self.queue.add(key)
                 self.watch_live.set()
-                async for kind, pod in self._kube.watch_node_pods(
-                    self._node, version, timeout_seconds=self._timings.watch_timeout_seconds
-                ):
-                    if kind == "BOOKMARK":
+                while True:
+                    # A watch the server ends on its timeout resumes from the last version
+                    # seen; only a 410 or an error costs a full re-list.
+                    async for kind, pod in self._kube.watch_node_pods(
+                        self._node, version, timeout_seconds=self._timings.watch_timeout_seconds
+                    ):
                         version = str(meta(pod).get("resourceVersion") or version)
-                        continue
-                    version = str(meta(pod).get("resourceVersion") or version)
-                    self._observe(pod)
+                        if kind != "BOOKMARK":
+                            self._observe(pod)
             except GoneError:
                 log.info("pod watch expired (410); re-listing")
             except (ApiError, OSError, TimeoutError, ValueError) as exc:
@@ -347,8 +378,6 @@ class PodController:
             return
         self._uid_keys.pop(memory.uid, None)
         self._events.forget(memory.uid)
-        if self._ledger.release(memory.uid):
-            self._room_appeared()
         if memory.provider in self._providers and memory.instance_id:
             try:
                 await self._providers[memory.provider].delete(memory.instance_id, grace_seconds=0)
@@ -357,6 +386,9 @@ class PodController:
                 self._memory[key] = memory  # keep it so a retry still knows what to delete
                 self._uid_keys[memory.uid] = key
                 self.queue.add_after(key, 5.0)
+                return  # still costs money: stays in the budget until the delete succeeds
+        if self._ledger.release(memory.uid):
+            self._room_appeared()
 
     # ------------------------------------------------------------------ deletion
 
@@ -387,7 +419,8 @@ class PodController:
             )
             finished = True
         if not finished and not overdue:
-            self.queue.add_after(key, 0.5)
+            # Poll gently: a provider may allow one request a second for all pods together.
+            self.queue.add_after(key, min(1.0, max(remaining, 0.5)))
             return
         await self._kube.delete_pod_now(
             str(metadata["namespace"]), str(metadata["name"]), uid=str(metadata["uid"])
@@ -401,7 +434,12 @@ class PodController:
             self._room_appeared()
 
     async def _terminate_for_deletion(self, pod: JSON, remaining: float) -> bool:
-        """One step of terminating a deleted pod's instance; True once nothing runs."""
+        """One step of terminating a deleted pod's instance; True once nothing runs.
+
+        The delete request is sent once (a TERMINATING instance is only watched), and also
+        when the provider cannot be asked for the instance's state: stopping a paid instance
+        matters more than knowing exactly how it is.
+        """
         annotations = annotations_of(pod)
         provider_name = annotations.get(ANN_PROVIDER)
         instance_id = annotations.get(ANN_INSTANCE)
@@ -412,6 +450,9 @@ class PodController:
             instance: Instance | None = await provider.get(instance_id)
         except NotFound:
             instance = None
+        except ProviderError:
+            await provider.delete(instance_id, grace_seconds=remaining)
+            raise
         if instance is not None and instance.state not in _FINISHED:
             if instance.state is not InstanceState.TERMINATING:
                 await self._events.record(
@@ -420,7 +461,7 @@ class PodController:
                     events.KILLING,
                     f"Stopping container {container_spec(pod).get('name', '')}",
                 )
-            await provider.delete(instance_id, grace_seconds=remaining)
+                await provider.delete(instance_id, grace_seconds=remaining)
             return False
         # Release what is left (a finished instance, or a provider's retained logs).
         await provider.delete(instance_id, grace_seconds=0)
@@ -437,9 +478,13 @@ class PodController:
         instance_id = annotations.get(ANN_INSTANCE)
         if provider_name in self._providers and instance_id:
             provider = self._providers[provider_name]
-            with contextlib.suppress(NotFound):
-                await provider.get(instance_id)
-                await provider.delete(instance_id, grace_seconds=0)
+            known = self.tracker.get(provider_name, instance_id)
+            # Skip the provider call when a fresh list says the instance is already gone:
+            # terminal pods stay in the API for long and are re-synced now and then.
+            if known is not None or not self.tracker.fresh(provider_name):
+                with contextlib.suppress(NotFound):
+                    await provider.get(instance_id)
+                    await provider.delete(instance_id, grace_seconds=0)
         if self._ledger.release(str(meta(pod).get("uid", ""))):
             self._room_appeared()
 
@@ -508,10 +553,17 @@ class PodController:
             self._timings.retry_backoff_max_seconds,
         )
         memory.retries += 1
+        # Remembered, not just scheduled: our own status write (or any pod change) queues the
+        # pod again at once, and that must not cut the back-off short.
+        memory.not_before = time.monotonic() + delay
         self.queue.add_after(key, delay)
         return delay
 
     async def _place(self, key: PodKey, pod: JSON, memory: _PodMemory) -> None:
+        wait = memory.not_before - time.monotonic()
+        if wait > 0:
+            self.queue.add_after(key, wait)
+            return
         restart_count = int(container_status(pod).get("restartCount") or 0)
         try:
             spec = await self._workload(pod, attempt=restart_count)
@@ -630,9 +682,9 @@ class PodController:
             await self._providers[action.provider].delete(action.instance_id, grace_seconds=0)
             self._metrics.orphans_terminated.labels(action.provider).inc()
         elif isinstance(action, Adopt):
-            pod = self._pods.get(action.key)
-            if pod is not None:
-                await self._adopt_existing(action.key, pod, action.instance)
+            # Adoption is a pod write: it goes through the pod's own queue (one worker per
+            # pod), where placement adopts the instance the tracker lists for the pod.
+            self.queue.add(action.key)
         else:
             self.queue.add(action.key)
 
@@ -726,6 +778,9 @@ class PodController:
         """An instance ended or a pod left: pods waiting for capacity or budget try again."""
         waiting, self._waiting = self._waiting, set()
         for key in waiting:
+            memory = self._memory.get(key)
+            if memory is not None:
+                memory.not_before = 0.0
             self.queue.add(key)
 
     async def _adopt(self, pod: JSON, memory: _PodMemory, instance: Instance, offer: Offer) -> None:
@@ -811,7 +866,11 @@ class PodController:
             self.queue.add_after(key, self._timings.status_poll_seconds)
             return
         if state is InstanceState.RUNNING:
-            started = instance.started_at or datetime.now(UTC)
+            recorded = parse_time(
+                ((previous.get("state") or {}).get("running") or {}).get("startedAt")
+            )
+            # Some providers do not say when the container started: keep what we wrote first.
+            started = instance.started_at or recorded or datetime.now(UTC)
             was_running = bool((previous.get("state") or {}).get("running"))
             view = ContainerView(
                 name, image, Running(started), container_id, last_state, restart_count
@@ -875,48 +934,66 @@ class PodController:
     async def _relaunch(
         self, key: PodKey, pod: JSON, old: Instance, terminated: Terminated, restart_count: int
     ) -> None:
+        """Launch the next attempt of a crash-looping container on the same offer.
+
+        The exited instance is released only once the next one exists, so a failed create
+        leaves the pod naming an instance that exists; the pod shows the termination while
+        it waits. A relaunch that can never succeed (the offer is gone, no capacity, refused
+        credentials, an invalid spec) fails the pod so its controller replaces it.
+        """
         provider = self._providers[old.provider]
         annotations = annotations_of(pod)
-        offer = next(
-            (o for o in self._offers.cached() if o.key == annotations.get(ANN_OFFER)), None
+        container = container_spec(pod)
+        name, image = str(container.get("name", "")), str(container.get("image", ""))
+        waiting = ContainerView(
+            name,
+            image,
+            Waiting("CrashLoopBackOff", "restarting"),
+            f"vk-provider://{old.instance_id}",
+            terminated,
+            restart_count,
         )
-        if offer is None:
-            offer = next(
-                (
-                    o
-                    for o in await self._offers.offers(max_age=0)
-                    if o.key == annotations.get(ANN_OFFER)
-                ),
-                None,
-            )
+        await self._write_status(pod, waiting)
+        offers = await self._offers.offers()
+        if not self._offers.answer(old.provider).offers:
+            # The provider gave no offers (breaker open, an outage): not a verdict on the pod.
+            self.queue.add_after(key, self._timings.retry_backoff_seconds)
+            return
+        offer = next((o for o in offers if o.key == annotations.get(ANN_OFFER)), None)
         if offer is None:
             await self._fail_lost(pod, old.provider, annotations, "its offer is no longer offered")
             return
+        # The attempt must be new even if a status write was lost (restartCount stale).
+        attempt = max(restart_count, old.attempt) + 1
         try:
-            spec = await self._workload(pod, attempt=restart_count + 1)
+            spec = await self._workload(pod, attempt=attempt)
         except InvalidPodSpec as exc:
             await self._invalid(pod, exc.field, str(exc))
             return
-        # Launch the next attempt before letting go of the exited one: if the create fails,
-        # the pod still names an instance that exists (EXITED) and the next sync retries.
-        instance = await provider.create(spec, offer)
-        namespace, name = pod_key(pod)
-        container = container_spec(pod)
+        try:
+            instance = await provider.create(spec, offer)
+        except (CapacityUnavailable, AuthFailed, InvalidSpec) as exc:
+            await self._fail_lost(
+                pod, old.provider, annotations, f"relaunch refused: {type(exc).__name__}: {exc}"
+            )
+            return
+        namespace, pod_name = pod_key(pod)
         view = ContainerView(
-            str(container.get("name", "")),
-            str(container.get("image", "")),
+            name,
+            image,
             Waiting("ContainerCreating"),
             f"vk-provider://{instance.instance_id}",
             terminated,
             restart_count + 1,
         )
         updated = await self._kube.patch_pod_annotations(
-            namespace, name, {ANN_INSTANCE: instance.instance_id}, uid=str(meta(pod)["uid"])
+            namespace, pod_name, {ANN_INSTANCE: instance.instance_id}, uid=str(meta(pod)["uid"])
         )
-        try:
-            await provider.delete(old.instance_id, grace_seconds=0)
-        except ProviderError as exc:  # reconciliation removes it as an old attempt
-            log.info("releasing %s after relaunch failed: %s", old.instance_id, exc)
+        if instance.instance_id != old.instance_id:
+            try:
+                await provider.delete(old.instance_id, grace_seconds=0)
+            except ProviderError as exc:  # reconciliation removes it as an old attempt
+                log.info("releasing %s after relaunch failed: %s", old.instance_id, exc)
         self.tracker.remember(instance)
         memory = self._memory.get(key)
         if memory is not None:

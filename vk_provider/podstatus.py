@@ -191,6 +191,8 @@ def pod_status(
         "reason": reason or None,
         "message": message or None,
     }
+    # An IP, once known, stays until the pod ends (a waiting view does not know it).
+    pod_ip = pod_ip or current.get("podIP")
     if pod_ip:
         status["podIP"] = pod_ip
         status["podIPs"] = [{"ip": pod_ip}]

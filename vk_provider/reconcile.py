@@ -146,7 +146,7 @@ def plan_reconcile(
         keep = _best(instances)
         actions.append(Adopt(by_uid[uid].key, keep))
         for other in instances:
-            if other is not keep:
+            if other is not keep and old_enough((other.provider, other.instance_id)):
                 actions.append(Terminate(other.provider, other.instance_id, uid, "duplicate"))
 
     for pod in pods:

@@ -222,6 +222,7 @@ class Agent:
             responsive=lambda within: {
                 name for name, p in guarded.items() if p.answered_within(within)
             },
+            held=pods.held_resources,
         )
 
         def readiness() -> Readiness:

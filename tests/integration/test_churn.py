@@ -201,6 +201,15 @@ async def test_churn_under_faults_leaks_nothing(
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
 
+    if disruption == "agent-sigkill":
+        # Every start (the first and one per kill) must finish a full reconciliation, and
+        # within 30 s; the last restart may still be starting up here.
+        async def all_reconciled() -> bool:
+            found = re.findall(r"first reconciliation complete", agent.log_text())
+            return len(found) == report.agent_kills + 1
+
+        await wait_for(all_reconciled, timeout=30, what="the last restart to reconcile")
+
     clear_faults(agent.local_dir("flaky"))
     desired = {"d0": 10, "d1": 15, "d2": 30, "d4": 5}
     (provider,) = local_providers(agent)

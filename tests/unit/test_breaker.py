@@ -280,3 +280,18 @@ def test_snapshot_keeps_the_last_error() -> None:
     assert last is not None
     assert last.startswith("RuntimeError: xxx")
     assert len(last) == 300
+
+
+def test_failures_while_open_do_not_postpone_the_probe() -> None:
+    clock = FakeClock()
+    breaker = make_breaker(clock)
+    opened(breaker, clock)
+    opened_at = clock.now
+    # e.g. deletes, which are always attempted, failing every second of the cool-down
+    while clock.now < opened_at + COOLDOWN - 1:
+        clock.advance(1)
+        breaker.record_failure(unwell())
+        assert breaker.state is BreakerState.OPEN
+    clock.now = opened_at + COOLDOWN
+    assert breaker.allow_probe()
+    assert breaker.state is BreakerState.HALF_OPEN

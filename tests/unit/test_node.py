@@ -94,3 +94,12 @@ def test_transition_times_are_kept_while_a_condition_holds() -> None:
 
 def test_micro_time_has_six_fractional_digits() -> None:
     assert micro_time(datetime(2026, 1, 1, 1, 2, 3, tzinfo=UTC)) == "2026-01-01T01:02:03.000000Z"
+
+
+def test_what_the_node_s_pods_hold_adds_to_the_free_part() -> None:
+    # 2 free A100s at the provider, 3 already held by the node's pods: the scheduler
+    # subtracts the 3 itself, so the node must say 5.
+    capacity = node_capacity([_offer("rp", 1, 2)], NodeConfig(), held=(3, 24, 192))
+    assert capacity.gpus == 5
+    assert capacity.cpu == 16 + 24
+    assert capacity.memory_gib == 128 + 192

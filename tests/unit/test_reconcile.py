@@ -69,7 +69,10 @@ def test_a_running_instance_of_an_ended_pod_is_terminated_at_once() -> None:
 def test_an_unnamed_instance_of_a_live_pod_is_adopted_and_duplicates_go() -> None:
     keep = _instance("new", "a", attempt=1)
     older = _instance("old", "a", attempt=0)
-    plan = _plan([_pod("a")], [older, keep])
+    young = _plan([_pod("a")], [older, keep])
+    # Adopted at once; the duplicate only after the grace (it may be a create in flight).
+    assert young.actions == (Adopt(("ns", "pod-a"), keep),)
+    plan = _plan([_pod("a")], [older, keep], first_seen=young.first_seen, now=200.0)
     assert Adopt(("ns", "pod-a"), keep) in plan.actions
     assert Terminate("p", "old", "a", "duplicate") in plan.actions
     assert len(plan.actions) == 2
