@@ -84,9 +84,10 @@ and 422 → ``InvalidSpec`` naming the field of the Status ``details.causes`` (b
 for logs, where 400 means "container not started yet"); 429 → ``RateLimited``
 (``Retry-After`` or ``details.retryAfterSeconds``); 409 (other than the AlreadyExists ``create``
 handles), 5xx, timeouts, connection errors and malformed answers → ``Transient`` naming what
-was wrong. Retries live at the transport (``RetryPolicy``, tenacity): each request is retried on
-``Transient`` and short ``RateLimited``; every write is idempotent by name, so a POST whose
-answer was lost is answered by 409 on the retry.
+was wrong. Retries live at the transport (``RetryPolicy``, the tenacity loop of
+``providers.transport``): each request is retried on ``Transient`` and short ``RateLimited``;
+every write is idempotent by name, so a POST whose answer was lost is answered by 409 on the
+retry.
 
 Rights needed in B (what ``tests/contract/harness_kubernetes.py`` grants, and no more):
 ``list`` nodes and pods cluster-wide (offers), ``create`` namespaces (only when the namespace
@@ -130,7 +131,6 @@ from typing import Final, TypeVar
 
 import httpx
 import yaml
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from providers.errors import (
     AuthFailed,
@@ -149,6 +149,8 @@ from providers.models import (
     Offer,
     WorkloadSpec,
 )
+from providers.transport import Redactor, log_retries
+from providers.transport import RetryPolicy as TransportRetryPolicy
 from vk_provider.config import ConfigError, KubernetesProviderConfig
 
 log = logging.getLogger(__name__)
@@ -1181,6 +1183,8 @@ def api_failure(response: httpx.Response) -> ApiFailure:
     """The ``Status`` of an error answer (or its text when it is not one)."""
     retry_after: float | None = None
     header = response.headers.get("Retry-After")
+    # Delta-seconds only, read as Python reads a float: not ``transport.parse_retry_after``,
+    # which also takes HTTP dates and refuses non-finite values ("nan" is 0 here, "inf" inf).
     if header:
         with contextlib.suppress(ValueError):
             retry_after = max(0.0, float(header))
@@ -1252,55 +1256,16 @@ def _pod_field(failure: ApiFailure) -> str:
     return match[1] if match else ""
 
 
-@dataclass(frozen=True, slots=True)
-class Redactor:
-    """Replaces secrets (the token, secret env values) in text meant for logs or errors."""
-
-    secrets: tuple[str, ...]
-
-    def __call__(self, text: str) -> str:
-        for secret in self.secrets:
-            if secret:
-                text = text.replace(secret, "<redacted>")
-        return text
-
-    def with_secrets(self, more: Iterable[str]) -> Redactor:
-        return Redactor((*self.secrets, *(s for s in more if s)))
-
-
 # --- retries ------------------------------------------------------------------------------
 
 
-async def _sleep(seconds: float) -> None:
-    await asyncio.sleep(seconds)
-
-
 @dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How the transport retries ``Transient`` and ``RateLimited`` failures.
+class RetryPolicy(TransportRetryPolicy):
+    """``providers.transport.RetryPolicy`` with this adapter's shorter backoff: from 0.25 s,
+    doubling, up to 2 s."""
 
-    ``attempts`` counts the first try. Backoff doubles from ``backoff_seconds`` up to
-    ``max_backoff_seconds``; a 429 waits its ``Retry-After`` instead, but only when that is at
-    most ``max_retry_after_seconds`` (a longer wait is the caller's to schedule). ``sleep`` is
-    injectable so tests need not wait.
-    """
-
-    attempts: int = 4
     backoff_seconds: float = 0.25
     max_backoff_seconds: float = 2.0
-    max_retry_after_seconds: float = 5.0
-    sleep: Callable[[float], Awaitable[None]] = field(default=_sleep, repr=False)
-
-    def should_retry(self, error: BaseException) -> bool:
-        if isinstance(error, RateLimited):
-            return error.retry_after is None or error.retry_after <= self.max_retry_after_seconds
-        return isinstance(error, Transient)
-
-    def wait_seconds(self, error: BaseException | None, attempt: int) -> float:
-        """The pause after failed attempt number ``attempt`` (1-based)."""
-        if isinstance(error, RateLimited) and error.retry_after is not None:
-            return min(error.retry_after, self.max_retry_after_seconds)
-        return min(self.max_backoff_seconds, self.backoff_seconds * 2.0 ** (attempt - 1))
 
 
 # --- the provider -------------------------------------------------------------------------
@@ -1640,6 +1605,28 @@ class KubernetesProvider:
         )
         if response.status_code != 409:
             log.info("provider %s: created namespace %s", self.name, self._namespace)
+        await self._await_default_service_account()
+
+    async def _await_default_service_account(self, *, within_seconds: float = 30.0) -> None:
+        """Pods are refused until the namespace's ``default`` ServiceAccount exists.
+
+        The remote controller-manager creates it shortly after the namespace; waiting here
+        (bounded) keeps the first create from failing for a reason nobody can act on.
+        """
+        path = f"/api/v1/namespaces/{self._namespace}/serviceaccounts/default"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_seconds
+        while True:
+            response = await self._send(
+                "GET",
+                path,
+                what=f"read serviceaccount {self._namespace}/default",
+                call=Call.READ,
+                accept=frozenset({404}),
+            )
+            if response.status_code != 404 or loop.time() > deadline:
+                return
+            await asyncio.sleep(0.2)
 
     async def _open_logs(
         self, instance_id: str, container: str, options: LogOptions, *, what: str
@@ -1766,29 +1753,4 @@ class KubernetesProvider:
             raise self._malformed(what, self._redact(str(exc))) from None
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
-        policy = self._retry
-
-        def wait(state: RetryCallState) -> float:
-            error = state.outcome.exception() if state.outcome is not None else None
-            return policy.wait_seconds(error, state.attempt_number)
-
-        def before_sleep(state: RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome is not None else None
-            log.info(
-                "provider %s: retrying after attempt %d failed: %s",
-                self.name,
-                state.attempt_number,
-                error,
-            )
-
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(max(1, policy.attempts)),
-            wait=wait,
-            retry=retry_if_exception(policy.should_retry),
-            sleep=policy.sleep,
-            before_sleep=before_sleep,
-            reraise=True,
-        ):
-            with attempt:
-                return await call()
-        raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
+        return await self._retry.run(call, before_sleep=log_retries(log, self.name))

@@ -7,8 +7,9 @@ The pod's container runs on the VM through cloud-init ``user_data`` built by
 
 Layers, top to bottom: ``LambdaCloudProvider`` (the contract) → pure builders and parsers of
 the API's payloads (``parse_offers``, ``parse_instance``, ``launch_request``, ...) → one thin
-HTTP call (``_call``) that rate-limits, retries with tenacity and unwraps ``{"data": ...}``.
-Every failure becomes a ``providers.errors`` class in one function, ``classify_failure``.
+HTTP call (``_call``) that rate-limits, retries (``providers.transport``'s tenacity loop) and
+unwraps ``{"data": ...}``. Every failure becomes a ``providers.errors`` class in one function,
+``classify_failure``.
 
 Decisions (each has a test):
 
@@ -60,7 +61,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import json
 import logging
 import math
@@ -69,7 +69,6 @@ import time
 import urllib.parse
 from collections.abc import (
     AsyncIterator,
-    Awaitable,
     Callable,
     Collection,
     Generator,
@@ -78,11 +77,10 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Final, Literal
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from providers.cloud_init import build_user_data
 from providers.errors import (
@@ -102,6 +100,11 @@ from providers.models import (
     Offer,
     WorkloadSpec,
 )
+from providers.transport import Redactor, Sleep
+from providers.transport import RetryPolicy as TransportRetryPolicy
+
+# Re-exported: the parser is this adapter's API (its tests use it from here).
+from providers.transport import parse_retry_after as parse_retry_after
 from vk_provider.config import ConfigError, LambdaProviderConfig
 
 log = logging.getLogger(__name__)
@@ -171,25 +174,6 @@ def parse_api_error(body: bytes) -> ApiError | None:
     )
 
 
-def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date)."""
-    if value is None or not value.strip():
-        return None
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value.strip())
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - (now or datetime.now(UTC))).total_seconds()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
-
-
 def classify_failure(
     operation: Operation,
     failure: httpx.Response | httpx.HTTPError | MalformedResponse,
@@ -251,10 +235,7 @@ def classify_failure(
 
 
 def _scrub(text: str, secrets: Collection[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "<redacted>")
-    return text[:_ERROR_TEXT_MAX]
+    return Redactor(tuple(secrets))(text)[:_ERROR_TEXT_MAX]
 
 
 # --- reading JSON with named paths --------------------------------------------------------
@@ -626,7 +607,6 @@ def parse_instances(data: object, *, provider: str) -> list[Instance]:
 # --- transport: rate limits and retries ---------------------------------------------------
 
 Clock = Callable[[], float]
-Sleep = Callable[[float], Awaitable[None]]
 
 
 class RateLimiter:
@@ -661,7 +641,8 @@ class RateLimiter:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """tenacity's limits at the transport; tests pass short ones (or a fake ``sleep``)."""
+    """tenacity's limits at the transport, in this adapter's spelling; tests pass short ones
+    (and the provider's fake ``sleep``). ``with_sleep`` makes the shared policy of them."""
 
     attempts: int = 4
     first_wait: float = 1.0
@@ -669,6 +650,17 @@ class RetryPolicy:
     # A server asking for a longer pause gets it from the agent's queue, not from a
     # coroutine that holds a worker.
     max_retry_after: float = 30.0
+
+    def with_sleep(self, sleep: Sleep) -> TransportRetryPolicy:
+        """``providers.transport.RetryPolicy`` with these limits, sleeping with ``sleep`` (the
+        one the rate limiters use, so tests run on one simulated clock)."""
+        return TransportRetryPolicy(
+            attempts=self.attempts,
+            backoff_seconds=self.first_wait,
+            max_backoff_seconds=self.max_wait,
+            max_retry_after_seconds=self.max_retry_after,
+            sleep=sleep,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -692,6 +684,11 @@ class _RetryableStatus(Exception):
         super().__init__(f"HTTP {response.status_code}")
         self.response = response
         self.retry_after = retry_after
+
+
+def _status_retry_after(error: BaseException | None) -> float | None:
+    """The ``Retry-After`` of a 429 raised inside the retry loop; None for anything else."""
+    return error.retry_after if isinstance(error, _RetryableStatus) else None
 
 
 class _FailedResponse(Exception):
@@ -752,8 +749,7 @@ class LambdaCloudProvider:
         self._config = config
         self._secrets = (api_key,)
         self._clock = clock
-        self._sleep = sleep
-        self._retry = retry or RetryPolicy()
+        self._retry = (retry or RetryPolicy()).with_sleep(sleep)
         self._requests = RateLimiter(request_interval, clock=clock, sleep=sleep)
         self._launches = RateLimiter(launch_interval, clock=clock, sleep=sleep)
         self._client = httpx.AsyncClient(
@@ -951,14 +947,11 @@ class LambdaCloudProvider:
 
     async def _call(self, call: _Call) -> object:
         """One API call: rate-limited, retried where safe; the ``data`` of its body."""
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._retry.attempts),
-            wait=self._wait,
-            retry=retry_if_exception(lambda exc: self._retryable(exc, call)),
-            sleep=self._sleep,
-            reraise=True,
+        response = await self._retry.run(
+            lambda: self._attempt(call),
+            retry=lambda exc: self._retryable(exc, call),
+            retry_after=_status_retry_after,
         )
-        response: httpx.Response = await retrying(self._attempt, call)
         if not response.is_success:
             raise _FailedResponse(response)
         return parse_data(response)
@@ -975,8 +968,8 @@ class LambdaCloudProvider:
             retry_after = parse_retry_after(response.headers.get("Retry-After"))
             # Every caller waits, not just this one: the limit is the account's.
             # Capped: a longer pause is the agent's to take (RateLimited), not every caller's.
-            pause = self._backoff(1) if retry_after is None else retry_after
-            self._requests.hold_off(min(pause, self._retry.max_retry_after))
+            pause = self._retry.backoff(1) if retry_after is None else retry_after
+            self._requests.hold_off(min(pause, self._retry.max_retry_after_seconds))
             raise _RetryableStatus(response, retry_after)
         if response.status_code >= 500:
             raise _RetryableStatus(response, None)
@@ -985,17 +978,8 @@ class LambdaCloudProvider:
     def _retryable(self, exc: BaseException, call: _Call) -> bool:
         if isinstance(exc, _RetryableStatus):
             if exc.response.status_code == 429:
-                return exc.retry_after is None or exc.retry_after <= self._retry.max_retry_after
+                return self._retry.waits_for(exc.retry_after)
             return call.idempotent
         if isinstance(exc, httpx.TransportError):
             return call.idempotent or isinstance(exc, _NOT_SENT)
         return False
-
-    def _wait(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(exc, _RetryableStatus) and exc.retry_after is not None:
-            return exc.retry_after
-        return self._backoff(state.attempt_number)
-
-    def _backoff(self, attempt: int) -> float:
-        return min(self._retry.max_wait, self._retry.first_wait * 2.0 ** (attempt - 1))

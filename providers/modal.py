@@ -52,9 +52,9 @@ Invariants:
 - Secret environment values go to the client apart from the plain ones (it passes them as a
   Modal Secret); they are never logged, and error messages are scrubbed of them.
 - Every client call is bounded by the configured per-request timeout (a create, which builds
-  the image, by ``_CREATE_TIMEOUT_SECONDS``) and retried with tenacity on ``Transient`` and
-  ``RateLimited`` (honouring ``retry_after``). Only ``providers.errors`` leave the adapter,
-  carrying this provider's name.
+  the image, by ``_CREATE_TIMEOUT_SECONDS``) and retried on ``Transient`` and ``RateLimited``
+  (honouring ``retry_after``, capped) by ``providers.transport``'s tenacity loop. Only
+  ``providers.errors`` leave the adapter, carrying this provider's name.
 """
 
 from __future__ import annotations
@@ -70,14 +70,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, Protocol, TypeVar
 
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
+from tenacity import RetryCallState, wait_exponential, wait_random
 
 from providers.errors import (
     AuthFailed,
@@ -95,6 +88,7 @@ from providers.models import (
     Offer,
     WorkloadSpec,
 )
+from providers.transport import Redactor, failure_of, rate_limit_retry_after, retrying
 from vk_provider.config import ConfigError, ModalGpuOffer, ModalProviderConfig
 
 log = logging.getLogger(__name__)
@@ -282,18 +276,22 @@ def sandbox_state(info: SandboxInfo, *, termination_requested: bool) -> tuple[In
 
 def _default_wait(state: RetryCallState) -> float:
     """Exponential back-off with jitter; a rate limit's ``retry_after`` when it gives one."""
-    error = state.outcome.exception() if state.outcome is not None else None
-    if isinstance(error, RateLimited) and error.retry_after is not None:
-        return min(error.retry_after, _MAX_RETRY_WAIT_SECONDS)
+    retry_after = rate_limit_retry_after(failure_of(state))
+    if retry_after is not None:
+        return min(retry_after, _MAX_RETRY_WAIT_SECONDS)
     return float(_BACKOFF(state))
+
+
+def _retryable(error: BaseException) -> bool:
+    """Every ``Transient`` and every ``RateLimited``, however long its ``retry_after``
+    (``_default_wait`` caps the pause instead of handing it to the agent)."""
+    return isinstance(error, Transient | RateLimited)
 
 
 def _scrub(error: ProviderError, secrets: tuple[str, ...]) -> None:
     """Remove secret values from ``error``'s message (and drop its cause, which may hold them)."""
     message = str(error)
-    clean = message
-    for secret in secrets:
-        clean = clean.replace(secret, "<redacted>")
+    clean = Redactor(secrets)(message)
     if clean != message:
         error.args = (clean,)
         error.__cause__ = None
@@ -648,21 +646,14 @@ class ModalProvider:
             except Exception as exc:  # a client must raise providers.errors only; be safe
                 raise Transient(f"modal {operation}: {type(exc).__name__}: {exc}") from exc
 
-        retrying = AsyncRetrying(
-            retry=retry_if_exception_type((Transient, RateLimited)),
-            stop=stop_after_attempt(self._retry_attempts),
-            wait=self._retry_wait,
-            reraise=True,
-        )
         try:
-            async for attempt_state in retrying:
-                with attempt_state:
-                    return await attempt()
+            return await retrying(
+                attempt, attempts=self._retry_attempts, retry=_retryable, wait=self._retry_wait
+            )
         except ProviderError as exc:
             exc.provider = exc.provider or self.name
             _scrub(exc, secrets)
             raise
-        raise AssertionError("tenacity neither returned nor raised")  # pragma: no cover
 
 
 async def _each(lines: list[bytes]) -> AsyncGenerator[bytes, None]:

@@ -48,9 +48,9 @@ wins over any status (RunPod v1 reports it as 400 or 500, GraphQL as HTTP 200 wi
 ``InvalidSpec``, 429 → ``RateLimited`` (``Retry-After`` in seconds or as an HTTP date), 400 →
 ``CapacityUnavailable`` on create (RunPod's guidance: try the next candidate) and ``NotFound``
 on a pod id, everything else (5xx, timeouts, connection errors, malformed JSON or shapes) →
-``Transient``. Retries live at the transport (tenacity, ``RetryPolicy``): ``Transient`` and
-``RateLimited`` whose ``Retry-After`` is short are retried with exponential backoff, then the
-classified error is raised.
+``Transient``. Retries live at the transport (``RetryPolicy``, the tenacity loop of
+``providers.transport``): ``Transient`` and ``RateLimited`` whose ``Retry-After`` is short are
+retried with exponential backoff, then the classified error is raised.
 
 Invariants:
 - The API key is resolved once at construction, sent only in the ``Authorization`` header, and
@@ -79,14 +79,12 @@ import logging
 import math
 import re
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from providers.errors import (
     AuthFailed,
@@ -105,6 +103,11 @@ from providers.models import (
     Offer,
     WorkloadSpec,
 )
+from providers.transport import Redactor, log_retries
+
+# Re-exported: the policy and the parser are this adapter's API (its tests use them from here).
+from providers.transport import RetryPolicy as RetryPolicy
+from providers.transport import parse_retry_after as parse_retry_after
 from vk_provider.config import RunPodProviderConfig
 
 log = logging.getLogger(__name__)
@@ -206,41 +209,6 @@ def canonical_gpu_name(runpod_name: str) -> str:
     return name or "UNKNOWN"
 
 
-# --- retries ------------------------------------------------------------------------------
-
-
-async def _sleep(seconds: float) -> None:
-    await asyncio.sleep(seconds)
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How the transport retries ``Transient`` and ``RateLimited`` failures.
-
-    ``attempts`` counts the first try. Backoff doubles from ``backoff_seconds`` up to
-    ``max_backoff_seconds``; a 429 waits its ``Retry-After`` instead, but only when that is at
-    most ``max_retry_after_seconds`` — a longer wait is the caller's to schedule, so the
-    ``RateLimited`` is raised at once. ``sleep`` is injectable so tests need not wait.
-    """
-
-    attempts: int = 4
-    backoff_seconds: float = 0.5
-    max_backoff_seconds: float = 4.0
-    max_retry_after_seconds: float = 5.0
-    sleep: Callable[[float], Awaitable[None]] = field(default=_sleep, repr=False)
-
-    def should_retry(self, error: BaseException) -> bool:
-        if isinstance(error, RateLimited):
-            return error.retry_after is None or error.retry_after <= self.max_retry_after_seconds
-        return isinstance(error, Transient)
-
-    def wait_seconds(self, error: BaseException | None, attempt: int) -> float:
-        """The pause after failed attempt number ``attempt`` (1-based)."""
-        if isinstance(error, RateLimited) and error.retry_after is not None:
-            return min(error.retry_after, self.max_retry_after_seconds)
-        return min(self.max_backoff_seconds, self.backoff_seconds * 2.0 ** (attempt - 1))
-
-
 # --- error classification -----------------------------------------------------------------
 
 
@@ -312,25 +280,6 @@ def classify_failure(
     return Transient(message, provider=provider)
 
 
-def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
-    """``Retry-After`` as seconds from ``now``: delta-seconds or an HTTP date; None if absent
-    or unreadable."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        return max(0.0, (when - now).total_seconds())
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
 def error_detail(body: str, *, limit: int = 300) -> str:
     """A short human-readable reason from an error body: problem+json ``detail``, ``error``,
     ``message``, ``errors``, else the text itself."""
@@ -357,22 +306,6 @@ def shorten(text: str, *, limit: int = 300) -> str:
     """``text`` on one line, at most ``limit`` characters."""
     text = " ".join(text.split()) or "(empty)"
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-@dataclass(frozen=True, slots=True)
-class Redactor:
-    """Replaces secrets (the API key, secret env values) in text meant for logs or errors."""
-
-    secrets: tuple[str, ...]
-
-    def __call__(self, text: str) -> str:
-        for secret in self.secrets:
-            if secret:
-                text = text.replace(secret, "<redacted>")
-        return text
-
-    def with_secrets(self, more: Iterable[str]) -> Redactor:
-        return Redactor((*self.secrets, *(s for s in more if s)))
 
 
 # --- payload readers ----------------------------------------------------------------------
@@ -1162,32 +1095,7 @@ class RunPodProvider:
             ) from None
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
-        policy = self._retry
-
-        def wait(state: RetryCallState) -> float:
-            error = state.outcome.exception() if state.outcome is not None else None
-            return policy.wait_seconds(error, state.attempt_number)
-
-        def before_sleep(state: RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome is not None else None
-            log.info(
-                "provider %s: retrying after attempt %d failed: %s",
-                self.name,
-                state.attempt_number,
-                error,
-            )
-
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(max(1, policy.attempts)),
-            wait=wait,
-            retry=retry_if_exception(policy.should_retry),
-            sleep=policy.sleep,
-            before_sleep=before_sleep,
-            reraise=True,
-        ):
-            with attempt:
-                return await call()
-        raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
+        return await self._retry.run(call, before_sleep=log_retries(log, self.name))
 
     async def _open_logs(self, instance_id: str, options: LogOptions) -> httpx.Response:
         what = f"logs of pod {instance_id!r}"

@@ -1,0 +1,228 @@
+"""What every HTTP/SDK adapter's transport shares: the retry policy, Retry-After parsing, the
+tenacity loop, redaction.
+
+The adapters (``runpod``, ``kubernetes``, ``lambda_cloud``, ``modal``) each classify their own
+failures and decide which calls are safe to repeat; what they have in common lives here, so a
+fix to how retries wait or how secrets are scrubbed is made once. Provider-specific choices are
+parameters, not copies:
+
+- ``RetryPolicy`` holds the limits (attempts, backoff, the longest ``Retry-After`` worth
+  waiting for, the sleep). Its defaults are RunPod's; an adapter with other defaults
+  subclasses it to change them (``kubernetes.RetryPolicy``) or builds one from its own
+  spelling of the limits (``lambda_cloud.RetryPolicy.with_sleep``).
+- ``RetryPolicy.run`` retries ``providers.errors`` by default (``Transient``, and
+  ``RateLimited`` whose ``Retry-After`` is short); an adapter that retries before it
+  classifies passes its own ``retry`` predicate and says where an error carries its
+  ``Retry-After`` (``retry_after``).
+- ``retrying`` is the bare tenacity loop, for an adapter whose waits are a tenacity strategy
+  of its own (``modal``).
+
+Invariants:
+
+- A call is tried ``attempts`` times at the most and at least once (``attempts`` counts the
+  first try; anything below 1 means 1). The last error is raised as it is — never a tenacity
+  ``RetryError`` — so only the adapter's own errors leave the loop.
+- Under a ``RetryPolicy``, backoff doubles from ``backoff_seconds`` and never exceeds
+  ``max_backoff_seconds``. A server's ``Retry-After`` replaces the backoff, but is waited for
+  only when it is at most ``max_retry_after_seconds``: a longer one makes ``should_retry`` (and
+  ``waits_for``) refuse, so the ``RateLimited`` goes to the caller, whose queue schedules the
+  pause, instead of a coroutine holding a worker. No wait for a ``Retry-After`` is longer
+  than that cap.
+- ``parse_retry_after`` never raises and never returns a negative or non-finite number.
+- ``Redactor`` replaces every non-empty secret with ``<redacted>``, in the order given, and
+  changes nothing else; it logs nothing. (Its ``repr`` shows the secrets: never log it.)
+- Nothing here does I/O of its own: time passes only through the ``sleep`` given (tenacity's
+  own when ``retrying`` gets none), and the only log line is the one ``log_retries`` writes
+  (the error's message, already redacted by the adapter that built it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Final, TypeVar
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from providers.errors import RateLimited, Transient
+
+T = TypeVar("T")
+
+Sleep = Callable[[float], Awaitable[None]]
+REDACTED: Final = "<redacted>"
+
+
+# --- Retry-After --------------------------------------------------------------------------
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """``Retry-After`` as seconds from ``now`` (default: the current time): delta-seconds or an
+    HTTP date; None if absent, unreadable or not finite. A date in the past is 0."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+# --- retries ------------------------------------------------------------------------------
+
+
+async def _sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+def failure_of(state: RetryCallState) -> BaseException | None:
+    """The error the attempt behind ``state`` failed with (None: it has no outcome)."""
+    return state.outcome.exception() if state.outcome is not None else None
+
+
+def rate_limit_retry_after(error: BaseException | None) -> float | None:
+    """The ``Retry-After`` a ``RateLimited`` carries; None for any other error."""
+    return error.retry_after if isinstance(error, RateLimited) else None
+
+
+def log_retries(logger: logging.Logger, provider: str) -> Callable[[RetryCallState], None]:
+    """A tenacity ``before_sleep`` that logs, at INFO, which attempt failed and why."""
+
+    def before_sleep(state: RetryCallState) -> None:
+        logger.info(
+            "provider %s: retrying after attempt %d failed: %s",
+            provider,
+            state.attempt_number,
+            failure_of(state),
+        )
+
+    return before_sleep
+
+
+async def retrying(
+    call: Callable[[], Awaitable[T]],
+    *,
+    attempts: int,
+    retry: Callable[[BaseException], bool],
+    wait: Callable[[RetryCallState], float],
+    sleep: Sleep | None = None,
+    before_sleep: Callable[[RetryCallState], None] | None = None,
+) -> T:
+    """``call()`` until it returns, fails with an error ``retry`` declines, or ``attempts``
+    tries are spent; the last error is raised as it is.
+
+    ``wait`` is a tenacity wait strategy; ``sleep`` None keeps tenacity's own.
+    """
+    loop = AsyncRetrying(
+        stop=stop_after_attempt(max(1, attempts)),
+        wait=wait,
+        retry=retry_if_exception(retry),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    if sleep is not None:
+        loop = loop.copy(sleep=sleep)
+    async for attempt in loop:
+        with attempt:
+            return await call()
+    raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a transport retries ``Transient`` and ``RateLimited`` failures.
+
+    ``attempts`` counts the first try. Backoff doubles from ``backoff_seconds`` up to
+    ``max_backoff_seconds``; a 429 waits its ``Retry-After`` instead, but only when that is at
+    most ``max_retry_after_seconds`` — a longer wait is the caller's to schedule, so the
+    ``RateLimited`` is raised at once. ``sleep`` is injectable so tests need not wait.
+    """
+
+    attempts: int = 4
+    backoff_seconds: float = 0.5
+    max_backoff_seconds: float = 4.0
+    max_retry_after_seconds: float = 5.0
+    sleep: Sleep = field(default=_sleep, repr=False)
+
+    def backoff(self, attempt: int) -> float:
+        """The backoff after failed attempt number ``attempt`` (1-based), ignoring any
+        ``Retry-After``."""
+        return min(self.max_backoff_seconds, self.backoff_seconds * 2.0 ** (attempt - 1))
+
+    def waits_for(self, retry_after: float | None) -> bool:
+        """Whether a server's ``Retry-After`` (None: it gave none) is short enough to wait
+        for here rather than hand to the caller."""
+        return retry_after is None or retry_after <= self.max_retry_after_seconds
+
+    def pause(self, retry_after: float | None, attempt: int) -> float:
+        """The pause after failed attempt number ``attempt``: the server's ``Retry-After``
+        (capped) when it gave one, else the backoff."""
+        if retry_after is not None:
+            return min(retry_after, self.max_retry_after_seconds)
+        return self.backoff(attempt)
+
+    def should_retry(self, error: BaseException) -> bool:
+        if isinstance(error, RateLimited):
+            return self.waits_for(error.retry_after)
+        return isinstance(error, Transient)
+
+    def wait_seconds(self, error: BaseException | None, attempt: int) -> float:
+        """The pause after failed attempt number ``attempt`` (1-based)."""
+        return self.pause(rate_limit_retry_after(error), attempt)
+
+    async def run(
+        self,
+        call: Callable[[], Awaitable[T]],
+        *,
+        retry: Callable[[BaseException], bool] | None = None,
+        retry_after: Callable[[BaseException | None], float | None] = rate_limit_retry_after,
+        before_sleep: Callable[[RetryCallState], None] | None = None,
+    ) -> T:
+        """``call()`` under this policy. ``retry`` decides which errors are tried again
+        (default ``should_retry``); ``retry_after`` reads the server's ``Retry-After`` from an
+        error (default: a ``RateLimited``'s)."""
+
+        def wait(state: RetryCallState) -> float:
+            return self.pause(retry_after(failure_of(state)), state.attempt_number)
+
+        return await retrying(
+            call,
+            attempts=self.attempts,
+            retry=self.should_retry if retry is None else retry,
+            wait=wait,
+            sleep=self.sleep,
+            before_sleep=before_sleep,
+        )
+
+
+# --- redaction ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Redactor:
+    """Replaces secrets (API keys, tokens, secret env values) in text meant for logs or
+    errors."""
+
+    secrets: tuple[str, ...]
+
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            if secret:
+                text = text.replace(secret, REDACTED)
+        return text
+
+    def with_secrets(self, more: Iterable[str]) -> Redactor:
+        return Redactor((*self.secrets, *(s for s in more if s)))
