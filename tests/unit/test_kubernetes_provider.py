@@ -298,6 +298,11 @@ class FakeApi:
                 return _status(409, "AlreadyExists", f'namespaces "{name}" already exists')
             self.namespaces.add(name)
             return httpx.Response(201, json={"metadata": {"name": name}})
+        if len(parts) == 6 and parts[4] == "serviceaccounts" and request.method == "GET":
+            # The controller-manager's default ServiceAccount: there as soon as the namespace.
+            if parts[3] in self.namespaces and parts[5] == "default":
+                return httpx.Response(200, json={"metadata": {"name": "default"}})
+            return _status(404, "NotFound", f'serviceaccounts "{parts[5]}" not found')
         if len(parts) >= 5 and parts[:3] == ["api", "v1", "namespaces"]:
             namespace, kind = parts[3], parts[4]
             store = self.pods if kind == "pods" else self.secrets
@@ -1260,6 +1265,7 @@ async def test_the_namespace_is_made_when_missing(
     assert fake.calls() == [
         f"POST /api/v1/namespaces/{NAMESPACE}/pods",
         "POST /api/v1/namespaces",
+        f"GET /api/v1/namespaces/{NAMESPACE}/serviceaccounts/default",
         f"POST /api/v1/namespaces/{NAMESPACE}/pods",
     ]
     namespace = json.loads(fake.requests[1].content)
