@@ -78,6 +78,30 @@ async def test_demo_places_the_workload_cheapest_first_and_cleans_up(tmp_path: P
             check=False,
         )
         assert "model server" in logs.stdout, logs.stderr
+        # The operator CLI against the running demo, with the address and token it printed.
+        url = re.search(r"export VK_PROVIDER_URL=(\S+)", text).group(1)  # type: ignore[union-attr]
+        token_file = re.search(r"VK_PROVIDER_TOKEN=\$\(cat (\S+)\)", text).group(1)  # type: ignore[union-attr]
+        table = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "vk_provider",
+                "providers",
+                "--url",
+                url,
+                "--token-file",
+                token_file,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert table.returncode == 0, table.stderr
+        for provider in ("sim-runpod", "sim-lambda", "sim-modal"):
+            assert provider in table.stdout
+        header = table.stdout.splitlines()[0] if table.stdout else ""
+        assert "NAME" in header.upper() or "PROVIDER" in header.upper(), table.stdout
         instance_dir = cluster.directory / "agent"
         assert instance_dir.exists()
         proc.send_signal(signal.SIGINT)
