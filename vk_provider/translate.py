@@ -278,51 +278,43 @@ def references(pod: Mapping[str, Any]) -> ObjectRefs:
 # --------------------------------------------------------------------------- Secret / ConfigMap
 
 
-def _secret_value(secret: Mapping[str, Any], key: str, *, name: str, field: str) -> str | None:
-    """The text of one key of a Secret (``stringData`` over base64 ``data``), None if absent."""
-    string_data = _loose_mapping(secret.get("stringData"))
-    if key in string_data:
-        value = string_data[key]
-        if not isinstance(value, str):
-            raise InvalidPodSpec(field, f"key {key!r} of Secret {name!r} is not a string")
-        return value
-    data = _loose_mapping(secret.get("data"))
-    if key not in data:
-        return None
-    return _decode(data[key], key=key, kind="Secret", name=name, field=field)
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """Where a kind of object keeps its values: plain text first, then base64."""
+
+    kind: str
+    text: str
+    encoded: str
 
 
-def _secret_items(secret: Mapping[str, Any], *, name: str, field: str) -> dict[str, str]:
-    keys = [*_loose_mapping(secret.get("data")), *_loose_mapping(secret.get("stringData"))]
-    items: dict[str, str] = {}
-    for key in keys:
-        value = _secret_value(secret, str(key), name=name, field=field)
-        if value is not None:
-            items[str(key)] = value
-    return items
+_SECRET = _Source("Secret", text="stringData", encoded="data")
+_CONFIG_MAP = _Source("ConfigMap", text="data", encoded="binaryData")
 
 
-def _config_map_value(
-    config_map: Mapping[str, Any], key: str, *, name: str, field: str
+def _object_value(
+    obj: Mapping[str, Any], key: str, source: _Source, *, name: str, field: str
 ) -> str | None:
-    """The text of one key of a ConfigMap (``data``, else UTF-8 ``binaryData``), None if absent."""
-    data = _loose_mapping(config_map.get("data"))
-    if key in data:
-        value = data[key]
+    """The text of one key (Secret: ``stringData`` over ``data``; ConfigMap: ``data`` over
+    UTF-8 ``binaryData``), None if absent."""
+    text = _loose_mapping(obj.get(source.text))
+    if key in text:
+        value = text[key]
         if not isinstance(value, str):
-            raise InvalidPodSpec(field, f"key {key!r} of ConfigMap {name!r} is not a string")
+            raise InvalidPodSpec(field, f"key {key!r} of {source.kind} {name!r} is not a string")
         return value
-    binary = _loose_mapping(config_map.get("binaryData"))
-    if key not in binary:
+    encoded = _loose_mapping(obj.get(source.encoded))
+    if key not in encoded:
         return None
-    return _decode(binary[key], key=key, kind="ConfigMap", name=name, field=field)
+    return _decode(encoded[key], key=key, kind=source.kind, name=name, field=field)
 
 
-def _config_map_items(config_map: Mapping[str, Any], *, name: str, field: str) -> dict[str, str]:
-    keys = [*_loose_mapping(config_map.get("binaryData")), *_loose_mapping(config_map.get("data"))]
+def _object_items(
+    obj: Mapping[str, Any], source: _Source, *, name: str, field: str
+) -> dict[str, str]:
+    keys = [*_loose_mapping(obj.get(source.encoded)), *_loose_mapping(obj.get(source.text))]
     items: dict[str, str] = {}
     for key in keys:
-        value = _config_map_value(config_map, str(key), name=name, field=field)
+        value = _object_value(obj, str(key), source, name=name, field=field)
         if value is not None:
             items[str(key)] = value
     return items
@@ -689,7 +681,7 @@ def _env_from(context: _Context, entry: Mapping[str, Any], field: str) -> list[E
         if config_map is None:
             _missing(ref, ref_field, f"ConfigMap {name!r} not found in {context.namespace!r}")
             return []
-        items = _config_map_items(config_map, name=name, field=ref_field)
+        items = _object_items(config_map, _CONFIG_MAP, name=name, field=ref_field)
         secret = False
     elif entry.get("secretRef") is not None:
         ref_field = f"{field}.secretRef"
@@ -699,7 +691,7 @@ def _env_from(context: _Context, entry: Mapping[str, Any], field: str) -> list[E
         if found is None:
             _missing(ref, ref_field, f"Secret {name!r} not found in {context.namespace!r}")
             return []
-        items = _secret_items(found, name=name, field=ref_field)
+        items = _object_items(found, _SECRET, name=name, field=ref_field)
         secret = True
     else:
         raise InvalidPodSpec(field, "must set configMapRef or secretRef")
@@ -769,7 +761,7 @@ def _secret_key_ref(
     if secret is None:
         _missing(ref, field, f"Secret {name!r} not found in {context.namespace!r}")
         return None
-    value = _secret_value(secret, key, name=name, field=field)
+    value = _object_value(secret, key, _SECRET, name=name, field=field)
     if value is None:
         _missing(ref, field, f"key {key!r} not found in Secret {name!r}")
         return None
@@ -786,7 +778,7 @@ def _config_map_key_ref(
     if config_map is None:
         _missing(ref, field, f"ConfigMap {name!r} not found in {context.namespace!r}")
         return None
-    value = _config_map_value(config_map, key, name=name, field=field)
+    value = _object_value(config_map, key, _CONFIG_MAP, name=name, field=field)
     if value is None:
         _missing(ref, field, f"key {key!r} not found in ConfigMap {name!r}")
         return None
