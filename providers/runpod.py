@@ -574,9 +574,11 @@ class Owner:
         return f"{self.pod_uid}.{self.attempt}"
 
 
-def owner_of(pod: Mapping[str, object]) -> Owner | None:
+def owner_of(pod: Mapping[str, object], *, provider: str | None = None) -> Owner | None:
     """Whose pod this is, if this agent made it: the name parses as ours and the environment,
-    when the payload carries one, agrees with the name."""
+    when the payload carries one, agrees with the name and (given ``provider``) names this
+    provider in its offer key, so two agents with different provider names can share one
+    RunPod account without taking each other's pods for orphans."""
     name = pod.get("name")
     if not isinstance(name, str):
         return None
@@ -585,10 +587,13 @@ def owner_of(pod: Mapping[str, object]) -> Owner | None:
         return None
     owner = Owner(match["uid"], int(match["attempt"]))
     env = pod.get("env")
-    if isinstance(env, dict) and (
-        env.get(ENV_REQUEST_ID) != owner.request_id or env.get(ENV_POD_UID) != owner.pod_uid
-    ):
-        return None
+    if isinstance(env, dict):
+        if env.get(ENV_REQUEST_ID) != owner.request_id or env.get(ENV_POD_UID) != owner.pod_uid:
+            return None
+        offer_key = env.get(ENV_OFFER_KEY)
+        foreign = isinstance(offer_key, str) and not offer_key.startswith(f"{provider}/")
+        if provider is not None and foreign:
+            return None
     return owner
 
 
@@ -708,7 +713,7 @@ def parse_instance(
     ``MalformedResponse`` for a pod of ours whose payload cannot be read."""
     if not isinstance(pod, dict):
         raise MalformedResponse("pod payload is not a JSON object")
-    owner = owner_of(pod)
+    owner = owner_of(pod, provider=provider)
     if owner is None:
         return None
     pod_id = _text(pod, "id", "pod payload")

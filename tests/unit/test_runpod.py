@@ -814,6 +814,10 @@ def test_ownership_needs_our_name_and_agreeing_env() -> None:
     assert owner_of({"name": "vk-u-1.4", "env": env}) is None
     assert owner_of({"name": "my pod", "env": env}) is None
     assert owner_of({"name": None}) is None
+    # Another agent's pod in the same account: same naming, another provider name.
+    theirs = {**env, "VK_OFFER_KEY": "runpod-staging/secure:on-demand:1x:H100/any"}
+    assert owner_of({"name": "vk-u-1.3", "env": theirs}, provider="runpod") is None
+    assert owner_of({"name": "vk-u-1.3", "env": theirs}, provider="runpod-staging") is not None
 
 
 # --- get, list, delete --------------------------------------------------------------------
