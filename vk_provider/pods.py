@@ -1005,6 +1005,3 @@ class PodController:
 
     async def run_workers(self) -> None:
         await asyncio.gather(*(self.worker() for _ in range(self._workers)))
-
-    def pod_for_uid(self, uid: str) -> PodKey | None:
-        return self._uid_keys.get(uid)

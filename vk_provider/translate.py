@@ -719,9 +719,25 @@ def _env_var(
     source_field = f"{field}.valueFrom"
     source = _mapping(entry, "valueFrom", source_field)
     if source.get("secretKeyRef") is not None:
-        return _secret_key_ref(context, source, f"{source_field}.secretKeyRef", name)
+        field = f"{source_field}.secretKeyRef"
+        return _key_ref(
+            context.secrets,
+            _SECRET,
+            _mapping(source, "secretKeyRef", field),
+            namespace=context.namespace,
+            field=field,
+            var_name=name,
+        )
     if source.get("configMapKeyRef") is not None:
-        return _config_map_key_ref(context, source, f"{source_field}.configMapKeyRef", name)
+        field = f"{source_field}.configMapKeyRef"
+        return _key_ref(
+            context.config_maps,
+            _CONFIG_MAP,
+            _mapping(source, "configMapKeyRef", field),
+            namespace=context.namespace,
+            field=field,
+            var_name=name,
+        )
     if source.get("fieldRef") is not None:
         ref_field = f"{source_field}.fieldRef"
         ref = _mapping(source, "fieldRef", ref_field)
@@ -751,38 +767,28 @@ def _missing(ref: Mapping[str, Any], field: str, reason: str) -> None:
         raise InvalidPodSpec(field, reason, retryable=True)
 
 
-def _secret_key_ref(
-    context: _Context, source: Mapping[str, Any], field: str, var_name: str
+def _key_ref(
+    objects: Mapping[str, Mapping[str, Any]],
+    source: _Source,
+    ref: Mapping[str, Any],
+    *,
+    namespace: str,
+    field: str,
+    var_name: str,
 ) -> EnvVar | None:
-    ref = _mapping(source, "secretKeyRef", field)
-    name = _ref_name(ref, field, "Secret")
+    """``secretKeyRef`` / ``configMapKeyRef``: one key of a referenced object, or None when
+    an optional reference is missing. Values from Secrets are marked secret."""
+    name = _ref_name(ref, field, source.kind)
     key = _str(ref, "key", f"{field}.key")
-    secret = context.secrets.get(name)
-    if secret is None:
-        _missing(ref, field, f"Secret {name!r} not found in {context.namespace!r}")
+    obj = objects.get(name)
+    if obj is None:
+        _missing(ref, field, f"{source.kind} {name!r} not found in {namespace!r}")
         return None
-    value = _object_value(secret, key, _SECRET, name=name, field=field)
+    value = _object_value(obj, key, source, name=name, field=field)
     if value is None:
-        _missing(ref, field, f"key {key!r} not found in Secret {name!r}")
+        _missing(ref, field, f"key {key!r} not found in {source.kind} {name!r}")
         return None
-    return EnvVar(name=var_name, value=value, secret=True)
-
-
-def _config_map_key_ref(
-    context: _Context, source: Mapping[str, Any], field: str, var_name: str
-) -> EnvVar | None:
-    ref = _mapping(source, "configMapKeyRef", field)
-    name = _ref_name(ref, field, "ConfigMap")
-    key = _str(ref, "key", f"{field}.key")
-    config_map = context.config_maps.get(name)
-    if config_map is None:
-        _missing(ref, field, f"ConfigMap {name!r} not found in {context.namespace!r}")
-        return None
-    value = _object_value(config_map, key, _CONFIG_MAP, name=name, field=field)
-    if value is None:
-        _missing(ref, field, f"key {key!r} not found in ConfigMap {name!r}")
-        return None
-    return EnvVar(name=var_name, value=value)
+    return EnvVar(name=var_name, value=value, secret=source is _SECRET)
 
 
 def _field_ref(context: _Context, ref: Mapping[str, Any], field: str) -> str:
