@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from providers.models import Offer
-from vk_provider.budget import BudgetView
-from vk_provider.placement import (
+from vk_provider.domain.budget import BudgetView
+from vk_provider.domain.models import Offer
+from vk_provider.domain.placement import (
     CapacityType,
     PlacementPolicy,
     PlacementRequest,

@@ -1,6 +1,8 @@
-"""Provider adapters: one module per GPU cloud, each implementing the provider contract.
+"""Provider adapters: one package per GPU cloud, each implementing the provider contract.
 
-Adapters speak vk-provider's domain models only; they never import the Kubernetes client,
-FastAPI or the controllers. Third-party adapters register through the entry-point group
-``vk_provider.providers``.
+Adapters speak the domain only (``vk_provider.domain``: models, errors, the ``Provider``
+protocol) and their own settings (``vk_provider.settings``); they never import the agent's
+Kubernetes client, FastAPI or the controllers (import-linter enforces it). Each package has
+a ``plugin.py`` whose ``PROVIDER_TYPE`` the registry lists; third-party adapters publish
+theirs through the entry-point group ``vk_provider.providers``.
 """

@@ -40,8 +40,8 @@ from typing import Any, Final
 
 import yaml
 
-from providers.errors import InvalidSpec
-from providers.models import EnvVar, Port, WorkloadSpec
+from vk_provider.domain.errors import InvalidSpec
+from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
 
 # Lambda: "The user data string must be plain text and cannot exceed 1MB in size." Read as
 # decimal megabytes, the stricter of the two readings.

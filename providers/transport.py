@@ -10,7 +10,7 @@ parameters, not copies:
   waiting for, the sleep). Its defaults are RunPod's; an adapter with other defaults
   subclasses it to change them (``kubernetes.RetryPolicy``) or builds one from its own
   spelling of the limits (``lambda_cloud.RetryPolicy.with_sleep``).
-- ``RetryPolicy.run`` retries ``providers.errors`` by default (``Transient``, and
+- ``RetryPolicy.run`` retries ``domain.errors`` by default (``Transient``, and
   ``RateLimited`` whose ``Retry-After`` is short); an adapter that retries before it
   classifies passes its own ``retry`` predicate and says where an error carries its
   ``Retry-After`` (``retry_after``).
@@ -49,7 +49,7 @@ from typing import Final, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from providers.errors import RateLimited, Transient
+from vk_provider.domain.errors import RateLimited, Transient
 
 T = TypeVar("T")
 

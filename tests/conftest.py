@@ -17,8 +17,8 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
-from vk_provider.localcluster.binaries import ensure_binaries
-from vk_provider.localcluster.cluster import LocalCluster
+from vk_provider.cluster.binaries import ensure_binaries
+from vk_provider.cluster.cluster import LocalCluster
 
 
 @pytest.fixture(scope="session")

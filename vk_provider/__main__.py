@@ -1,5 +1,5 @@
 """`python -m vk_provider` runs the command line."""
 
-from vk_provider.cli import main
+from vk_provider.cli.app import main
 
 main()

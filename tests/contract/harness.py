@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Literal, Protocol
 
-from providers.contract import Provider
-from providers.models import InstanceState, Offer, WorkloadSpec
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
 
 FailureKind = Literal["capacity", "rate_limit", "transient", "auth", "invalid"]
 

@@ -39,8 +39,7 @@ from typing import Any, Literal
 import httpx
 import yaml
 
-from providers.contract import Provider
-from providers.kubernetes import (
+from providers.kubernetes.adapter import (
     FALLBACK_REGION,
     KubernetesProvider,
     RetryPolicy,
@@ -48,11 +47,12 @@ from providers.kubernetes import (
     build_transport,
     parse_kubeconfig,
 )
-from providers.models import InstanceState, Offer, Port, WorkloadSpec
+from providers.kubernetes.config import KubernetesProviderConfig
 from tests.contract.harness import FailureKind
-from vk_provider.config import KubernetesProviderConfig
-from vk_provider.localcluster.binaries import ensure_binaries
-from vk_provider.localcluster.cluster import LocalCluster
+from vk_provider.cluster.binaries import ensure_binaries
+from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.models import InstanceState, Offer, Port, WorkloadSpec
 
 SERVICE_ACCOUNT = "vk-agent"
 CLUSTER_ROLE = "vk-provider-remote"

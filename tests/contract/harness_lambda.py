@@ -34,12 +34,12 @@ from openapi_core.datatypes import RequestParameters
 from openapi_core.testing import MockResponse
 from werkzeug.datastructures import Headers, ImmutableMultiDict
 
-from providers.contract import Provider
-from providers.lambda_cloud import LambdaCloudProvider, RetryPolicy
-from providers.models import InstanceState, Offer, WorkloadSpec
+from providers.lambda_cloud.adapter import LambdaCloudProvider, RetryPolicy
+from providers.lambda_cloud.config import LambdaProviderConfig
 from tests.contract.harness import FailureKind
 from tests.fixtures import PROVIDER_APIS
-from vk_provider.config import LambdaProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
 
 BASE_URL = "https://cloud.lambda.ai/api/v1"
 API_KEY = "secret_vkprovider-test-key_0123456789abcdef"

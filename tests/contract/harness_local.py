@@ -9,11 +9,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal
 
-from providers.contract import Provider
-from providers.local import LocalProvider, inject_loss, set_faults
-from providers.models import InstanceState, Offer, WorkloadSpec
+from providers.local.adapter import LocalProvider, inject_loss, set_faults
+from providers.local.config import LocalProviderConfig
 from tests.contract.harness import FailureKind
-from vk_provider.config import LocalProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
 
 
 class LocalHarness:

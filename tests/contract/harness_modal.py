@@ -2,7 +2,7 @@
 
 Modal's native states are what ``poll()`` reports (None while running, else the exit code, 124
 after a timeout, 137 after a termination); failures are the fake raising what the real client
-(``providers.modal_sdk.translate_error``) makes of Modal's exceptions. Retries wait nothing.
+(``providers.modal.sdk.translate_error``) makes of Modal's exceptions. Retries wait nothing.
 """
 
 from __future__ import annotations
@@ -13,8 +13,12 @@ from typing import Literal
 
 from tenacity import wait_none
 
-from providers.contract import Provider
-from providers.errors import (
+from providers.modal.adapter import MANAGED_BY_TAG, POD_UID_TAG, ModalProvider
+from providers.modal.config import ModalProviderConfig
+from tests.contract.harness import FailureKind
+from tests.unit.fake_modal import FakeSandboxClient
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,
     InvalidSpec,
@@ -22,11 +26,7 @@ from providers.errors import (
     RateLimited,
     Transient,
 )
-from providers.modal import MANAGED_BY_TAG, POD_UID_TAG, ModalProvider
-from providers.models import InstanceState, Offer, WorkloadSpec
-from tests.contract.harness import FailureKind
-from tests.unit.fake_modal import FakeSandboxClient
-from vk_provider.config import ModalProviderConfig
+from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
 
 # Enough failures to outlast every retry of one call.
 _PERSISTENT = 100

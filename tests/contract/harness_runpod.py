@@ -33,12 +33,12 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from providers.contract import Provider
-from providers.models import InstanceState, Offer, WorkloadSpec
-from providers.runpod import RetryPolicy, RunPodProvider
+from providers.runpod.adapter import RetryPolicy, RunPodProvider
+from providers.runpod.config import RunPodProviderConfig
 from tests.contract.harness import FailureKind
 from tests.fixtures import PROVIDER_APIS
-from vk_provider.config import RunPodProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
 
 REST_URL = "https://rest.runpod.test/v1"
 GRAPHQL_URL = "https://api.runpod.test/graphql"

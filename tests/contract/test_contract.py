@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from providers.contract import Provider
-from providers.errors import (
+from tests.contract.harness import ContractHarness, FailureKind
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,
     InvalidSpec,
@@ -22,7 +23,6 @@ from providers.errors import (
     RateLimited,
     Transient,
 )
-from tests.contract.harness import ContractHarness, FailureKind
 
 
 def _harnesses() -> list[ContractHarness]:

@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from providers.local import LocalProvider
-from vk_provider.config import LocalProviderConfig
-from vk_provider.localcluster.cluster import LocalCluster
+from providers.local.adapter import LocalProvider
+from providers.local.config import LocalProviderConfig
+from vk_provider.cluster.cluster import LocalCluster
 
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Exists"}
 REST_TOKEN = "test-rest-token"

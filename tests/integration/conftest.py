@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agent_harness import AgentHarness
-from vk_provider.kube import KubeClient
-from vk_provider.localcluster.cluster import LocalCluster
+from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.kube.client import KubeClient
 
 
 @pytest.fixture

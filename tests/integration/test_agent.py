@@ -21,7 +21,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
-from providers.local import inject_loss
+from providers.local.adapter import inject_loss
 from tests.helpers import wait_for
 from tests.integration.agent_harness import (
     TOLERATION,
@@ -30,7 +30,7 @@ from tests.integration.agent_harness import (
     local_providers,
     pod_on,
 )
-from vk_provider.kube import KubeClient
+from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

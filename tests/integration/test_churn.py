@@ -23,13 +23,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from providers.local import clear_faults, inject_loss, set_faults
-from providers.models import InstanceState
+from providers.local.adapter import clear_faults, inject_loss, set_faults
 from tests.helpers import wait_for
 from tests.integration.agent_harness import TOLERATION, AgentHarness, AgentProcess, local_providers
-from vk_provider.kube import ApiError, KubeClient
-from vk_provider.localcluster.binaries import ensure_binaries
-from vk_provider.localcluster.cluster import LocalCluster
+from vk_provider.cluster.binaries import ensure_binaries
+from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.domain.models import InstanceState
+from vk_provider.kube.client import ApiError, KubeClient
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vk_provider.localcluster.cluster import LocalCluster
+from vk_provider.cluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.helpers import wait_for
-from vk_provider.kube import KubeClient
-from vk_provider.localcluster.cluster import LocalCluster
+from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration
 
@@ -118,6 +118,6 @@ async def test_demo_places_the_workload_cheapest_first_and_cleans_up(tmp_path: P
     assert [pid for pid in process_pids if _alive(pid)] == []
     assert not cluster.directory.exists()
     leftovers = subprocess.run(
-        ["pgrep", "-af", "providers.local_runner"], capture_output=True, text=True, check=False
+        ["pgrep", "-af", "providers.local.runner"], capture_output=True, text=True, check=False
     )
     assert str(tmp_path) not in leftovers.stdout

@@ -15,8 +15,8 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, pod_on
-from vk_provider.kube import KubeClient
-from vk_provider.localcluster.cluster import LocalCluster
+from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -31,9 +31,9 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers, pod_on
-from vk_provider.kube import KubeClient
-from vk_provider.localcluster.binaries import ensure_binaries
-from vk_provider.localcluster.cluster import LocalCluster
+from vk_provider.cluster.binaries import ensure_binaries
+from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

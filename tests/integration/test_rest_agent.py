@@ -13,7 +13,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import REST_TOKEN, AgentHarness, pod_on
-from vk_provider.kube import KubeClient
+from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration
 SLEEP = [sys.executable, "-c", "import time; time.sleep(3600)"]

@@ -1,4 +1,4 @@
-"""An in-memory fake of ``providers.modal.SandboxClient``, behaving as Modal does.
+"""An in-memory fake of ``providers.modal.adapter.SandboxClient``, behaving as Modal does.
 
 What it keeps faithful to Modal (``modal/sandbox.py``):
 - Names are unique among the app's *running* sandboxes (``SandboxNameTaken``); a finished
@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from providers.errors import InvalidSpec, NotFound
-from providers.modal import SandboxInfo, SandboxNameTaken, SandboxRequest
+from providers.modal.adapter import SandboxInfo, SandboxNameTaken, SandboxRequest
+from vk_provider.domain.errors import InvalidSpec, NotFound
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _TAG = re.compile(r"[A-Za-z0-9._-]{1,63}")

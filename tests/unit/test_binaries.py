@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vk_provider.localcluster import binaries as b
-from vk_provider.localcluster.errors import ClusterError
+from vk_provider.cluster import binaries as b
+from vk_provider.cluster.errors import ClusterError
 
 GO = shutil.which("go")
 

@@ -1,4 +1,4 @@
-"""The circuit breaker: every edge of the transition table in ``vk_provider.breaker``, one row each.
+"""The circuit breaker: every edge of the transition table in ``domain.breaker``, one row each.
 
 The clock is a fake, advanced by hand; nothing sleeps.
 """
@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from providers.errors import (
+from vk_provider.domain.breaker import BreakerState, CircuitBreaker, counts_as_failure
+from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,
     InvalidSpec,
@@ -19,7 +20,6 @@ from providers.errors import (
     RateLimited,
     Transient,
 )
-from vk_provider.breaker import BreakerState, CircuitBreaker, counts_as_failure
 
 THRESHOLD = 3
 COOLDOWN = 30.0

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vk_provider.budget import BudgetCaps, BudgetLedger, BudgetView
+from vk_provider.domain.budget import BudgetCaps, BudgetLedger, BudgetView
 
 
 class FakeClock:

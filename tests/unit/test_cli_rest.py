@@ -25,9 +25,9 @@ from rich.text import Text
 from typer.testing import CliRunner, Result
 
 from tests.unit.test_rest_api import AUTH, SECRET_TOKEN, RaisingAuth, build_world
-from vk_provider.cli import app
-from vk_provider.rest import RestServer
-from vk_provider.restclient import (
+from vk_provider.api.rest import RestServer
+from vk_provider.cli.app import app
+from vk_provider.cli.client import (
     ApiFailed,
     ApiUnreachable,
     RestClient,

@@ -33,8 +33,8 @@ from providers.cloud_init import (
     container_name,
     docker_run_argv,
 )
-from providers.errors import InvalidSpec
-from providers.models import EnvVar, Port, WorkloadSpec
+from vk_provider.domain.errors import InvalidSpec
+from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
 
 HOSTILE = (
     "it's",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vk_provider.localcluster.cluster import ClusterPorts, LocalCluster, validate_name
-from vk_provider.localcluster.errors import ClusterError
+from vk_provider.cluster.cluster import ClusterPorts, LocalCluster, validate_name
+from vk_provider.cluster.errors import ClusterError
 
 
 @pytest.mark.parametrize("name", ["", "Upper", "-lead", "trail-", "a" * 41, "has_underscore"])

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
-from vk_provider.config import AgentConfig, ConfigError, SecretRef, load_config, parse_config
+from vk_provider.runtime.registry import Registry
+from vk_provider.settings.agent import AgentConfig
+from vk_provider.settings.secrets import ConfigError, SecretRef
+
+# Validation goes through the provider registry, as `check-config` and `run` do.
+REGISTRY = Registry.default()
+parse_config = REGISTRY.parse_config
+load_config = REGISTRY.load_config
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -77,7 +84,7 @@ KUBE = {"type": "kubernetes", "name": "k8s", "kubeconfig": "file:/etc/kc"}
         ),
         (
             _base(type="local", name="l", offers=[{"sku": "a", "price_per_hour": 1}] * 2),
-            "providers[0]",
+            "providers[0].offers",
             "appears twice",
         ),
         ({"providers": [RUNPOD, RUNPOD]}, "providers", "more than once"),
@@ -92,7 +99,12 @@ KUBE = {"type": "kubernetes", "name": "k8s", "kubeconfig": "file:/etc/kc"}
             "budget.namespaces",
             "zero or more",
         ),
-        ({"providers": [{"type": "vast", "name": "v"}]}, "providers[0]", "does not match"),
+        (
+            {"providers": [{"type": "vast", "name": "v"}]},
+            "providers[0].type",
+            "unknown provider type 'vast'",
+        ),
+        ({"providers": [{"name": "v"}]}, "providers[0].type", "is required"),
     ],
 )
 def test_each_mistake_names_its_field(config: dict[str, Any], field: str, why: str) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from providers.contract import Provider
-from providers.errors import CapacityUnavailable, NotFound
-from providers.models import InstanceState, WorkloadSpec
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import CapacityUnavailable, NotFound
+from vk_provider.domain.models import InstanceState, WorkloadSpec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "adding-a-provider.md"
 

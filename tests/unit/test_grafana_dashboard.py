@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from vk_provider.budget import BudgetCaps, BudgetLedger
-from vk_provider.metrics import Metrics
-from vk_provider.offers import OfferBook
-from vk_provider.view import AgentView, Readiness
+from vk_provider.api.metrics import Metrics
+from vk_provider.api.view import AgentView, Readiness
+from vk_provider.controllers.offers import OfferBook
+from vk_provider.domain.budget import BudgetCaps, BudgetLedger
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana-dashboard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}

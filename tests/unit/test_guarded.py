@@ -7,7 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from providers.errors import (
+from vk_provider.controllers.guarded import GuardedProvider
+from vk_provider.controllers.offers import OfferBook
+from vk_provider.domain.breaker import BreakerState, CircuitBreaker
+from vk_provider.domain.errors import (
     CapacityUnavailable,
     InvalidSpec,
     NotFound,
@@ -15,7 +18,7 @@ from providers.errors import (
     RateLimited,
     Transient,
 )
-from providers.models import (
+from vk_provider.domain.models import (
     Capabilities,
     Instance,
     InstanceState,
@@ -23,9 +26,6 @@ from providers.models import (
     Offer,
     WorkloadSpec,
 )
-from vk_provider.breaker import BreakerState, CircuitBreaker
-from vk_provider.guarded import GuardedProvider
-from vk_provider.offers import OfferBook
 
 THRESHOLD = 2
 COOLDOWN = 30.0

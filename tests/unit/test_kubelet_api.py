@@ -19,8 +19,7 @@ import httpx
 import pytest
 from cryptography import x509
 
-from providers.models import LogOptions
-from vk_provider.kubeletapi import (
+from vk_provider.api.kubelet import (
     InvalidLogQuery,
     KubeletApiServer,
     LogsNotFound,
@@ -32,7 +31,8 @@ from vk_provider.kubeletapi import (
     parse_log_options,
     request_attributes,
 )
-from vk_provider.localcluster.pki import CertPair, ClusterPKI, ensure_pki, issue_certificate
+from vk_provider.cluster.pki import CertPair, ClusterPKI, ensure_pki, issue_certificate
+from vk_provider.domain.models import LogOptions
 
 NODE = "vk-node"
 SECRET_TOKEN = "s3cret-token-never-logged"

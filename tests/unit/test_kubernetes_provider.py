@@ -29,17 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from providers.contract import Provider
-from providers.errors import (
-    AuthFailed,
-    CapacityUnavailable,
-    InvalidSpec,
-    NotFound,
-    ProviderError,
-    RateLimited,
-    Transient,
-)
-from providers.kubernetes import (
+from providers.kubernetes.adapter import (
     ANN_ATTEMPT,
     ANN_OFFER,
     ANN_POD_UID,
@@ -75,8 +65,19 @@ from providers.kubernetes import (
     pod_name,
     pod_requests,
 )
-from providers.models import EnvVar, InstanceState, LogOptions, Offer, Port, WorkloadSpec
-from vk_provider.config import ConfigError, KubernetesProviderConfig
+from providers.kubernetes.config import KubernetesProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    ProviderError,
+    RateLimited,
+    Transient,
+)
+from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, Port, WorkloadSpec
+from vk_provider.settings.secrets import ConfigError
 
 SERVER = "https://b.example.test:6443"
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.TESTTOKEN.secretsignature"

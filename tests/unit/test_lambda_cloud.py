@@ -22,17 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.contract import Provider
-from providers.errors import (
-    AuthFailed,
-    CapacityUnavailable,
-    InvalidSpec,
-    NotFound,
-    ProviderError,
-    RateLimited,
-    Transient,
-)
-from providers.lambda_cloud import (
+from providers.lambda_cloud.adapter import (
     LAUNCH_VISIBILITY_SECONDS,
     STATES,
     TAG_MANAGED,
@@ -48,7 +38,6 @@ from providers.lambda_cloud import (
     parse_offers,
     parse_retry_after,
 )
-from providers.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
 from tests.contract.harness_lambda import (
     API_KEY,
     FAILURES,
@@ -61,7 +50,18 @@ from tests.contract.harness_lambda import (
     openapi,
     spec_path,
 )
-from vk_provider.config import ConfigError
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    ProviderError,
+    RateLimited,
+    Transient,
+)
+from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
+from vk_provider.settings.secrets import ConfigError
 
 UID = "0f5e2a8c-1b2d-4e6f-8a9b-0c1d2e3f4a5b"
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from providers.contract import Provider
-from providers.errors import (
+from vk_provider.controllers.launch import Launcher, LaunchResult, LaunchSettings
+from vk_provider.domain.budget import BudgetCaps, BudgetLedger
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,
     InvalidSpec,
@@ -22,7 +24,7 @@ from providers.errors import (
     RateLimited,
     Transient,
 )
-from providers.models import (
+from vk_provider.domain.models import (
     Capabilities,
     Instance,
     InstanceState,
@@ -30,9 +32,7 @@ from providers.models import (
     Offer,
     WorkloadSpec,
 )
-from vk_provider.budget import BudgetCaps, BudgetLedger
-from vk_provider.launch import Launcher, LaunchResult, LaunchSettings
-from vk_provider.placement import PlacementRequest, ProviderHealth
+from vk_provider.domain.placement import PlacementRequest, ProviderHealth
 
 
 class FakeClock:

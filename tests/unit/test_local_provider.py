@@ -1,6 +1,6 @@
 """The local provider: real local processes behind the provider contract.
 
-Every test runs real programs (``sys.executable -c ...``) through ``providers.local_runner``;
+Every test runs real programs (``sys.executable -c ...``) through ``providers.local.runner``;
 the ``state_dir`` fixture kills whatever a test left running. Waits poll with deadlines.
 """
 
@@ -19,16 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.contract import Provider
-from providers.errors import (
-    AuthFailed,
-    CapacityUnavailable,
-    InvalidSpec,
-    NotFound,
-    RateLimited,
-    Transient,
-)
-from providers.local import (
+from providers.local.adapter import (
     INSTANCE_FILE,
     LocalProvider,
     LocalProviderDisabled,
@@ -37,10 +28,27 @@ from providers.local import (
     select_history,
     set_faults,
 )
-from providers.models import EnvVar, Instance, InstanceState, LogOptions, Offer, WorkloadSpec
+from providers.local.config import LocalFaults, LocalProviderConfig
+from providers.local.processes import ProcessRecord, is_running, stop_process
+from providers.simulated import SimulatedOffer
 from tests.helpers import wait_for
-from vk_provider.config import LocalFaults, LocalOffer, LocalProviderConfig
-from vk_provider.localcluster.processes import ProcessRecord, is_running, stop_process
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    RateLimited,
+    Transient,
+)
+from vk_provider.domain.models import (
+    EnvVar,
+    Instance,
+    InstanceState,
+    LogOptions,
+    Offer,
+    WorkloadSpec,
+)
 
 PY = sys.executable
 TIMESTAMP = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z ")
@@ -52,8 +60,8 @@ def make_config(**overrides: object) -> LocalProviderConfig:
         "name": "laptop",
         "enabled": True,
         "offers": [
-            LocalOffer(sku="cpu", price_per_hour=0.1, capacity=2),
-            LocalOffer(
+            SimulatedOffer(sku="cpu", price_per_hour=0.1, capacity=2),
+            SimulatedOffer(
                 sku="a100",
                 gpu_model="A100",
                 gpu_count=1,
@@ -63,7 +71,7 @@ def make_config(**overrides: object) -> LocalProviderConfig:
                 region="local-east",
                 spot=True,
             ),
-            LocalOffer(sku="slow", price_per_hour=0.2, startup_seconds=0.6),
+            SimulatedOffer(sku="slow", price_per_hour=0.2, startup_seconds=0.6),
         ],
     }
     data.update(overrides)

@@ -19,17 +19,7 @@ from typing import Any
 import pytest
 from tenacity import wait_none
 
-from providers.contract import Provider
-from providers.errors import (
-    AuthFailed,
-    CapacityUnavailable,
-    InvalidSpec,
-    NotFound,
-    ProviderError,
-    RateLimited,
-    Transient,
-)
-from providers.modal import (
+from providers.modal.adapter import (
     ATTEMPT_TAG,
     MANAGED_BY_TAG,
     POD_UID_TAG,
@@ -43,9 +33,20 @@ from providers.modal import (
     sandbox_name,
     sandbox_state,
 )
-from providers.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
+from providers.modal.config import ModalProviderConfig
 from tests.unit.fake_modal import FakeSandboxClient
-from vk_provider.config import ConfigError, ModalProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    ProviderError,
+    RateLimited,
+    Transient,
+)
+from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
+from vk_provider.settings.secrets import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-very-secret-value"
@@ -101,9 +102,9 @@ async def offer_of(provider: ModalProvider, sku: str) -> Offer:
 
 def test_importing_the_adapter_does_not_import_modal() -> None:
     code = (
-        "import sys, providers.modal; "
+        "import sys, providers.modal.adapter; "
         "assert 'modal' not in sys.modules, 'modal imported'; "
-        "assert 'providers.modal_sdk' not in sys.modules, 'modal_sdk imported'"
+        "assert 'providers.modal.sdk' not in sys.modules, 'modal_sdk imported'"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
@@ -114,7 +115,7 @@ def test_importing_the_adapter_does_not_import_modal() -> None:
 def test_without_the_sdk_the_error_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from providers.modal_sdk import ModalSdkMissing
+    from providers.modal.sdk import ModalSdkMissing
 
     monkeypatch.setitem(sys.modules, "modal", None)  # `import modal` now raises ImportError
     with pytest.raises(ModalSdkMissing, match=r"pip install") as raised:
@@ -492,7 +493,7 @@ async def test_a_stray_exception_from_a_client_still_leaves_as_a_provider_error(
 def test_rate_limits_wait_as_long_as_asked() -> None:
     from tenacity import RetryCallState, Retrying
 
-    from providers.modal import _default_wait
+    from providers.modal.adapter import _default_wait
 
     state = RetryCallState(Retrying(), None, (), {})
     state.set_exception((RateLimited, RateLimited("x", retry_after=7.0), None))
@@ -651,7 +652,7 @@ class GRPCError(Exception):
     ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else "",
 )
 def test_error_mapping_table(error: BaseException, expected: type[Exception]) -> None:
-    from providers.modal_sdk import translate_error
+    from providers.modal.sdk import translate_error
 
     translated = translate_error(error, "create")
     assert type(translated) is expected
@@ -659,7 +660,7 @@ def test_error_mapping_table(error: BaseException, expected: type[Exception]) ->
 
 
 def test_an_image_that_cannot_be_built_names_the_image_field() -> None:
-    from providers.modal_sdk import translate_error
+    from providers.modal.sdk import translate_error
 
     translated = translate_error(EXC.ImageBuildError("manifest unknown"), "create")
     assert isinstance(translated, InvalidSpec)
@@ -802,7 +803,7 @@ def _request(**fields: Any) -> SandboxRequest:
 async def test_the_real_client_is_built_lazily_and_calls_the_sdk_as_documented(
     sdk: StubModal,
 ) -> None:
-    from providers.modal_sdk import ModalSandboxClient
+    from providers.modal.sdk import ModalSandboxClient
 
     provider = ModalProvider(make_config())  # builds the real client: no call made yet
     assert sdk.calls == []
@@ -842,7 +843,7 @@ async def test_the_real_client_is_built_lazily_and_calls_the_sdk_as_documented(
 
 
 async def test_the_real_client_keeps_the_image_entrypoint_for_args_only(sdk: StubModal) -> None:
-    from providers.modal_sdk import ModalSandboxClient
+    from providers.modal.sdk import ModalSandboxClient
 
     client = ModalSandboxClient(make_config())
     await client.create_sandbox(_request(command=(), secret_env={}, env={}))
@@ -853,7 +854,7 @@ async def test_the_real_client_keeps_the_image_entrypoint_for_args_only(sdk: Stu
 
 
 async def test_the_real_client_translates_a_taken_name(sdk: StubModal) -> None:
-    from providers.modal_sdk import ModalSandboxClient
+    from providers.modal.sdk import ModalSandboxClient
 
     sdk.create_error = EXC.AlreadyExistsError("Sandbox name vk-uid.0 is already in use")
     with pytest.raises(SandboxNameTaken):
@@ -863,7 +864,7 @@ async def test_the_real_client_translates_a_taken_name(sdk: StubModal) -> None:
 async def test_the_real_client_reports_missing_credentials_without_values(
     sdk: StubModal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from providers.modal_sdk import ModalSandboxClient
+    from providers.modal.sdk import ModalSandboxClient
 
     monkeypatch.delenv("TEST_MODAL_TOKEN_SECRET")
     with pytest.raises(AuthFailed, match="TEST_MODAL_TOKEN_SECRET") as raised:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from providers.models import Offer
-from vk_provider.config import NodeConfig, Taint
-from vk_provider.node import (
+from vk_provider.domain.models import Offer
+from vk_provider.domain.node import (
     NodeResources,
     merged_taints,
     micro_time,
@@ -14,6 +13,7 @@ from vk_provider.node import (
     node_labels,
     node_status,
 )
+from vk_provider.settings.agent import NodeConfig, Taint
 
 
 def _offer(
@@ -36,20 +36,20 @@ def _offer(
 def test_shapes_of_one_pool_count_once_and_pools_add_up() -> None:
     pool = [_offer("rp", 1, 4), _offer("rp", 2, 2), _offer("rp", 4, 1)]
     other = [_offer("rp", 1, 3, model="A100-80GB"), _offer("lambda", 8, 1)]
-    capacity = node_capacity(pool + other, NodeConfig())
+    capacity = node_capacity(pool + other, NodeConfig().caps)
     assert capacity.gpus == 4 + 3 + 8
     assert capacity.cpu == 32 + 24 + 64
 
 
 def test_capacity_is_capped_and_never_negative() -> None:
     config = NodeConfig(max_gpus=5, max_cpu=10, max_memory_gib=20, max_pods=7)
-    assert node_capacity([_offer("rp", 8, 3)], config) == NodeResources(5, 10, 20, 7)
-    assert node_capacity([_offer("rp", 1, -3)], NodeConfig()).gpus == 0
-    assert node_capacity([], NodeConfig()).gpus == 0
+    assert node_capacity([_offer("rp", 8, 3)], config.caps) == NodeResources(5, 10, 20, 7)
+    assert node_capacity([_offer("rp", 1, -3)], NodeConfig().caps).gpus == 0
+    assert node_capacity([], NodeConfig().caps).gpus == 0
 
 
 def test_standard_labels_win_over_configured_ones() -> None:
-    labels = node_labels(NodeConfig(name="vk-x", labels={"type": "mine", "team": "a"}))
+    labels = node_labels("vk-x", {"type": "mine", "team": "a"})
     assert labels["type"] == "virtual-kubelet"
     assert labels["kubernetes.io/hostname"] == "vk-x"
     assert labels["team"] == "a"
@@ -61,7 +61,7 @@ def test_our_taints_are_kept_and_others_are_not_removed() -> None:
         {"key": "virtual-kubelet.io/provider", "value": "old", "effect": "NoSchedule"},
         {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
     ]
-    merged = merged_taints(current, config)
+    merged = merged_taints(current, config.taint_objects())
     assert {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"} in merged
     ours = [t for t in merged if t["key"] == "virtual-kubelet.io/provider"]
     assert ours == [
@@ -99,7 +99,7 @@ def test_micro_time_has_six_fractional_digits() -> None:
 def test_what_the_node_s_pods_hold_adds_to_the_free_part() -> None:
     # 2 free A100s at the provider, 3 already held by the node's pods: the scheduler
     # subtracts the 3 itself, so the node must say 5.
-    capacity = node_capacity([_offer("rp", 1, 2)], NodeConfig(), held=(3, 24, 192))
+    capacity = node_capacity([_offer("rp", 1, 2)], NodeConfig().caps, held=(3, 24, 192))
     assert capacity.gpus == 5
     assert capacity.cpu == 16 + 24
     assert capacity.memory_gib == 128 + 192

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from providers.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
-from vk_provider.offers import OfferBook
+from vk_provider.controllers.offers import OfferBook
+from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
 
 
 class FakeClock:

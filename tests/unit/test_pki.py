@@ -9,7 +9,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from vk_provider.localcluster.pki import KUBELET_CLIENT_USER, ClusterPKI, ensure_pki
+from vk_provider.cluster.pki import KUBELET_CLIENT_USER, ClusterPKI, ensure_pki
 
 
 def _load(path: Path) -> x509.Certificate:

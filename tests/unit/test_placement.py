@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from providers.models import Offer, WorkloadSpec
-from vk_provider.budget import BudgetView
-from vk_provider.placement import (
+from vk_provider.domain.budget import BudgetView
+from vk_provider.domain.models import Offer, WorkloadSpec
+from vk_provider.domain.placement import (
     CAPACITY_TYPE,
     FILTERS,
     MAX_PRICE,

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from vk_provider.localcluster.processes import (
+from providers.local.processes import (
     ProcessRecord,
     is_running,
     start_process,

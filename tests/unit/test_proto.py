@@ -8,7 +8,7 @@ from pathlib import Path
 
 from grpc_tools import protoc
 
-from providers.contract import Provider
+from vk_provider.domain.contract import Provider
 
 PROTO_ROOT = Path(__file__).resolve().parents[2] / "proto"
 PROTO = PROTO_ROOT / "vkprovider" / "v1" / "provider.proto"

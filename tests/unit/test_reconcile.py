@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from providers.models import Instance, InstanceState
-from vk_provider.reconcile import (
+from vk_provider.domain.models import Instance, InstanceState
+from vk_provider.domain.reconcile import (
     Adopt,
     PodSnapshot,
     ProviderSnapshot,

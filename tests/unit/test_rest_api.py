@@ -24,23 +24,24 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from providers.errors import InvalidSpec, NotFound, Transient
-from providers.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
-from vk_provider.breaker import BreakerState, CircuitBreaker
-from vk_provider.budget import BudgetCaps, BudgetLedger
-from vk_provider.guarded import GuardedProvider
-from vk_provider.kube import KubeClient
-from vk_provider.kubelet_backend import TokenReviewAuthenticator
-from vk_provider.kubeletapi import UserInfo
-from vk_provider.metrics import CONTENT_TYPE, Metrics
-from vk_provider.offers import OfferBook
-from vk_provider.rest import (
+from vk_provider.api.kubelet import UserInfo
+from vk_provider.api.kubelet_auth import TokenReviewAuthenticator
+from vk_provider.api.metrics import CONTENT_TYPE, Metrics
+from vk_provider.api.rest import (
     RestServer,
     StaticTokenAuth,
     TokenReviewAuth,
     build_app,
 )
-from vk_provider.view import AgentView, PodPlacement, Readiness
+from vk_provider.api.view import AgentView, Readiness
+from vk_provider.controllers.guarded import GuardedProvider
+from vk_provider.controllers.offers import OfferBook
+from vk_provider.domain.breaker import BreakerState, CircuitBreaker
+from vk_provider.domain.budget import BudgetCaps, BudgetLedger
+from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
+from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
+from vk_provider.domain.podview import PodPlacement
+from vk_provider.kube.client import KubeClient
 
 SECRET_TOKEN = "static-dev-token-7c1e9a44"
 PLANTED_CREDENTIAL = "rpa_PLANTED_CREDENTIAL_d41d8cd98f00"
@@ -378,7 +379,7 @@ class SlowAuth:
 async def test_an_authenticator_that_hangs_answers_503(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("vk_provider.rest.AUTH_TIMEOUT_SECONDS", 0.05)
+    monkeypatch.setattr("vk_provider.api.rest.AUTH_TIMEOUT_SECONDS", 0.05)
     async with client_for(world.app(auth=SlowAuth())) as http:
         response = await http.get("/v1/pods", headers=AUTH)
     assert_error(response, 503, "unavailable")

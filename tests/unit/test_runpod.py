@@ -20,18 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.contract import Provider
-from providers.errors import (
-    AuthFailed,
-    CapacityUnavailable,
-    InvalidSpec,
-    NotFound,
-    ProviderError,
-    RateLimited,
-    Transient,
-)
-from providers.models import EnvVar, InstanceState, LogOptions, Offer, Port, WorkloadSpec
-from providers.runpod import (
+from providers.runpod.adapter import (
     ENV_POD_UID,
     ENV_REQUEST_ID,
     Lifecycle,
@@ -68,6 +57,17 @@ from tests.contract.harness_runpod import (
     v1_error,
     v1_validator,
 )
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    NotFound,
+    ProviderError,
+    RateLimited,
+    Transient,
+)
+from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, Port, WorkloadSpec
 
 NOW = datetime(2026, 3, 13, 20, 0, tzinfo=UTC)
 
@@ -192,7 +192,7 @@ def test_gpu_name_mapping_never_crashes(name: str) -> None:
     spot=st.booleans(),
 )
 def test_sku_round_trips(gpu: str, count: int, cloud: str, spot: bool) -> None:
-    from providers.runpod import CloudType
+    from providers.runpod.adapter import CloudType
 
     sku = Sku(gpu, count, CloudType(cloud), spot)
     assert Sku.parse(sku.encode()) == sku
@@ -209,7 +209,7 @@ def test_foreign_skus_do_not_parse(text: str) -> None:
 
 
 def _scope(**fields: Any) -> OfferScope:
-    from providers.runpod import CloudType
+    from providers.runpod.adapter import CloudType
 
     values: dict[str, Any] = {
         "provider": "rp",
@@ -314,7 +314,7 @@ def test_stock_status_maps_to_available(stock: str | None, available: int) -> No
 
 
 def test_the_query_asks_each_count_cloud_and_region_once() -> None:
-    from providers.runpod import CloudType
+    from providers.runpod.adapter import CloudType
 
     query = offers_query(
         _scope(clouds=(CloudType.SECURE, CloudType.COMMUNITY), regions=("EU-RO-1", "US-TX-3"))
@@ -800,7 +800,7 @@ def test_state_table(
 
 @pytest.mark.parametrize("desired", [None, "PAUSED", 3])
 def test_an_unknown_desired_status_is_malformed(desired: object) -> None:
-    from providers.runpod import MalformedResponse
+    from providers.runpod.adapter import MalformedResponse
 
     with pytest.raises(MalformedResponse, match="desiredStatus"):
         lifecycle_of({"desiredStatus": desired})
@@ -1107,7 +1107,7 @@ async def test_the_api_key_and_secret_values_never_leak(
 
 
 async def test_an_unset_key_fails_at_construction(tmp_path: Path) -> None:
-    from vk_provider.config import ConfigError
+    from vk_provider.settings.secrets import ConfigError
 
     with pytest.raises(ConfigError, match="cannot read file"):
         RunPodProvider(make_config(tmp_path / "missing"))

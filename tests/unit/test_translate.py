@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.models import EnvVar, Port, WorkloadSpec
-from vk_provider.translate import (
+from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
+from vk_provider.domain.workload import (
     InvalidPodSpec,
     ObjectRefs,
     parse_quantity,

@@ -1,0 +1,1 @@
+"""The adapter for another Kubernetes cluster (``type: kubernetes``)."""

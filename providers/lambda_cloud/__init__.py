@@ -1,0 +1,1 @@
+"""The Lambda Cloud adapter (``type: lambda``)."""

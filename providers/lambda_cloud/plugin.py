@@ -1,0 +1,20 @@
+"""The ``lambda`` provider type, as the registry sees it."""
+
+from __future__ import annotations
+
+from providers.lambda_cloud.adapter import LambdaCloudProvider
+from providers.lambda_cloud.config import LambdaProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.settings.providers import BuildContext, ProviderType
+
+
+def build(settings: LambdaProviderConfig, context: BuildContext) -> Provider:
+    return LambdaCloudProvider(settings)
+
+
+PROVIDER_TYPE = ProviderType(
+    name="lambda",
+    settings=LambdaProviderConfig,
+    build=build,
+    description="Lambda Cloud VMs running the pod's image through cloud-init.",
+)

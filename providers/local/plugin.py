@@ -1,0 +1,20 @@
+"""The ``local`` provider type, as the registry sees it."""
+
+from __future__ import annotations
+
+from providers.local.adapter import LocalProvider
+from providers.local.config import LocalProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.settings.providers import BuildContext, ProviderType
+
+
+def build(settings: LocalProviderConfig, context: BuildContext) -> Provider:
+    return LocalProvider(settings, state_dir=context.state_dir)
+
+
+PROVIDER_TYPE = ProviderType(
+    name="local",
+    settings=LocalProviderConfig,
+    build=build,
+    description="Runs each container's command as a local process (development, demo, tests).",
+)

@@ -1,0 +1,1 @@
+"""The ``memory`` provider: simulated instances kept in memory (tests and benchmarks)."""

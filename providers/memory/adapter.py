@@ -1,0 +1,204 @@
+"""An in-memory provider: instances are records in a dict, driven by an injected clock.
+
+For tests of the controllers (on simulated time) and for benchmarks that measure the agent
+rather than a cloud. A test steers it directly: ``exit`` ends an instance's container with an
+exit code, ``lose`` makes the provider lose it, ``fail_next`` makes the next call of one
+operation raise a given error, and ``terminate_seconds`` makes termination take time (the
+instance reports TERMINATING until then).
+
+Invariants:
+- Idempotent create by ``spec.request_id``; ``capacity`` per offer counts live instances.
+- ``delete`` of an unknown id succeeds; a terminated instance is gone from ``list_ours`` and
+  ``get`` raises ``NotFound``, as a cloud forgets what it terminated.
+- Only ``domain.errors`` escape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from providers.memory.config import MemoryProviderConfig
+from providers.simulated import simulated_offer
+from vk_provider.domain.errors import CapacityUnavailable, NotFound, ProviderError
+from vk_provider.domain.models import (
+    Capabilities,
+    Instance,
+    InstanceState,
+    LogOptions,
+    Offer,
+    WorkloadSpec,
+)
+
+_LIVE = (InstanceState.PENDING, InstanceState.RUNNING, InstanceState.TERMINATING)
+
+
+class MemoryProviderDisabled(RuntimeError):
+    """The configuration did not opt in to pretend-running pods."""
+
+
+@dataclass(slots=True)
+class _Record:
+    instance: Instance
+    sku: str
+    created: float
+    startup: float
+    terminate_at: float | None = None
+
+
+class MemoryProvider:
+    """``domain.contract.Provider`` keeping its instances in memory."""
+
+    def __init__(
+        self,
+        config: MemoryProviderConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        if not config.enabled:
+            raise MemoryProviderDisabled(
+                f"provider {config.name!r} (type memory) only pretends to run pods; "
+                "set enabled: true to allow it"
+            )
+        self._config = config
+        self._clock = clock
+        self._wall = wall_clock
+        self._records: dict[str, _Record] = {}
+        self._failures: dict[str, list[ProviderError]] = {}
+        self.terminate_seconds = 0.0
+        self.calls: dict[str, int] = {}
+
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(logs=False)
+
+    # --- steering (tests) ---------------------------------------------------------------
+
+    def fail_next(self, operation: str, error: ProviderError, *, times: int = 1) -> None:
+        """The next ``times`` calls of ``operation`` (create, get, delete, list, offers) fail."""
+        self._failures.setdefault(operation, []).extend([error] * times)
+
+    def exit(self, instance_id: str, code: int) -> None:
+        """The instance's container ends on its own with ``code``."""
+        record = self._records[instance_id]
+        record.instance = replace(
+            record.instance, state=InstanceState.EXITED, exit_code=code, finished_at=self._wall()
+        )
+
+    def lose(self, instance_id: str, message: str = "lost by the provider") -> None:
+        record = self._records[instance_id]
+        record.instance = replace(record.instance, state=InstanceState.LOST, message=message)
+
+    def instances(self) -> list[Instance]:
+        """Every instance the provider still knows, in any state (for assertions)."""
+        return [self._refresh(r) for r in self._records.values()]
+
+    # --- the contract -------------------------------------------------------------------
+
+    def _call(self, operation: str) -> None:
+        self.calls[operation] = self.calls.get(operation, 0) + 1
+        queued = self._failures.get(operation)
+        if queued:
+            raise queued.pop(0)
+
+    def _refresh(self, record: _Record) -> Instance:
+        now = self._clock()
+        instance = record.instance
+        if instance.state is InstanceState.PENDING and now >= record.created + record.startup:
+            instance = replace(instance, state=InstanceState.RUNNING, started_at=self._wall())
+        if instance.state is InstanceState.TERMINATING and (
+            record.terminate_at is not None and now >= record.terminate_at
+        ):
+            instance = replace(instance, state=InstanceState.TERMINATED)
+        record.instance = instance
+        return instance
+
+    def _active(self, sku: str) -> int:
+        return sum(
+            1 for r in self._records.values() if r.sku == sku and self._refresh(r).state in _LIVE
+        )
+
+    async def offers(self) -> list[Offer]:
+        self._call("offers")
+        return [
+            simulated_offer(self.name, offer, active=self._active(offer.sku))
+            for offer in self._config.offers
+        ]
+
+    async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
+        self._call("create")
+        instance_id = f"mem-{spec.request_id}"
+        existing = self._records.get(instance_id)
+        if existing is not None:
+            return self._refresh(existing)
+        configured = next((o for o in self._config.offers if o.sku == offer.sku), None)
+        if configured is None or offer.provider != self.name:
+            raise CapacityUnavailable(f"no offer {offer.key} here", provider=self.name)
+        if self._active(configured.sku) >= configured.capacity:
+            raise CapacityUnavailable(f"offer {offer.key} is at capacity", provider=self.name)
+        started = configured.startup_seconds <= 0
+        instance = Instance(
+            provider=self.name,
+            instance_id=instance_id,
+            pod_uid=spec.pod_uid,
+            attempt=spec.attempt,
+            state=InstanceState.RUNNING if started else InstanceState.PENDING,
+            offer_key=offer.key,
+            started_at=self._wall() if started else None,
+            ip="127.0.0.1",
+            price_per_hour=configured.price_per_hour,
+        )
+        self._records[instance_id] = _Record(
+            instance, configured.sku, self._clock(), configured.startup_seconds
+        )
+        return instance
+
+    async def get(self, instance_id: str) -> Instance:
+        self._call("get")
+        record = self._records.get(instance_id)
+        if record is None or self._refresh(record).state is InstanceState.TERMINATED:
+            self._records.pop(instance_id, None)
+            raise NotFound(f"no instance {instance_id!r}", provider=self.name)
+        return record.instance
+
+    async def delete(self, instance_id: str, *, grace_seconds: float) -> None:
+        self._call("delete")
+        record = self._records.get(instance_id)
+        if record is None:
+            return
+        state = self._refresh(record).state
+        if state in (InstanceState.PENDING, InstanceState.RUNNING) and self.terminate_seconds > 0:
+            record.terminate_at = self._clock() + self.terminate_seconds
+            record.instance = replace(record.instance, state=InstanceState.TERMINATING)
+            return
+        if state is InstanceState.TERMINATING:
+            return
+        del self._records[instance_id]
+
+    async def list_ours(self) -> list[Instance]:
+        self._call("list")
+        listed = []
+        for instance_id, record in list(self._records.items()):
+            instance = self._refresh(record)
+            if instance.state is InstanceState.TERMINATED:
+                del self._records[instance_id]
+                continue
+            listed.append(instance)
+        return listed
+
+    async def logs(self, instance_id: str, options: LogOptions) -> AsyncIterator[bytes]:
+        self._call("logs")
+        if instance_id not in self._records:
+            raise NotFound(f"no instance {instance_id!r}", provider=self.name)
+        return
+        yield b""  # pragma: no cover - makes this an async generator
+
+    async def close(self) -> None:
+        return None

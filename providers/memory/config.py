@@ -1,0 +1,30 @@
+"""Configuration of the in-memory provider (``type: memory``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from providers.simulated import SimulatedOffer, unique_skus
+from vk_provider.settings.providers import ProviderSettings
+
+
+class MemoryProviderConfig(ProviderSettings):
+    """Instances that exist only in the agent's memory: nothing runs, nothing is paid.
+
+    For benchmarks and tests of the agent itself (the provider answers instantly). Every
+    instance runs until it is deleted; after an agent restart they are gone, so pods that
+    name one are failed as lost, as a real cloud losing them would make them.
+    """
+
+    type: Literal["memory"]
+    enabled: bool = Field(
+        False, description="Must be true: pods on this provider only pretend to run."
+    )
+    offers: list[SimulatedOffer] = Field(description="Simulated offers.")
+
+    @model_validator(mode="after")
+    def _unique_skus(self) -> MemoryProviderConfig:
+        unique_skus(self.offers)
+        return self

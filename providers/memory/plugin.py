@@ -1,0 +1,20 @@
+"""The ``memory`` provider type, as the registry sees it."""
+
+from __future__ import annotations
+
+from providers.memory.adapter import MemoryProvider
+from providers.memory.config import MemoryProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.settings.providers import BuildContext, ProviderType
+
+
+def build(settings: MemoryProviderConfig, context: BuildContext) -> Provider:
+    return MemoryProvider(settings)
+
+
+PROVIDER_TYPE = ProviderType(
+    name="memory",
+    settings=MemoryProviderConfig,
+    build=build,
+    description="Simulated instances kept in memory (tests and benchmarks; nothing runs).",
+)

@@ -1,0 +1,1 @@
+"""The Modal adapter (``type: modal``); the ``modal`` SDK is imported only when one is built."""

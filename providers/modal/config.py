@@ -1,0 +1,32 @@
+"""Configuration of the Modal adapter (``type: modal``); importing it never imports the SDK."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from vk_provider.settings.providers import CloudProviderSettings
+from vk_provider.settings.secrets import SecretRef, Strict
+
+
+class ModalGpuOffer(Strict):
+    gpu: str = Field(description="Modal GPU name, e.g. H100, A100-80GB, L40S.")
+    count: int = Field(1, ge=1, le=8, description="GPUs per sandbox.")
+    price_per_hour: float = Field(ge=0, description="Price for the whole sandbox ($/hour).")
+    vcpus: float = Field(8, gt=0, description="vCPUs requested.")
+    memory_gib: float = Field(32, gt=0, description="Memory requested (GiB).")
+    region: str = Field("any", description="Modal region, or 'any'.")
+
+
+class ModalProviderConfig(CloudProviderSettings):
+    """Modal sandboxes through the `modal` SDK (optional dependency, imported when used)."""
+
+    type: Literal["modal"]
+    token_id: SecretRef = Field(description="Modal token id, by reference.")
+    token_secret: SecretRef = Field(description="Modal token secret, by reference.")
+    app_name: str = Field("vk-provider", description="Modal app that holds the sandboxes.")
+    sandbox_timeout_seconds: int = Field(
+        86400, ge=60, le=7 * 86400, description="Sandbox lifetime limit (Modal's default is 300)."
+    )
+    offers: list[ModalGpuOffer] = Field(description="What to offer and at which price.")

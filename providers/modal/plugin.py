@@ -1,0 +1,20 @@
+"""The ``modal`` provider type, as the registry sees it."""
+
+from __future__ import annotations
+
+from providers.modal.adapter import ModalProvider
+from providers.modal.config import ModalProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.settings.providers import BuildContext, ProviderType
+
+
+def build(settings: ModalProviderConfig, context: BuildContext) -> Provider:
+    return ModalProvider(settings)
+
+
+PROVIDER_TYPE = ProviderType(
+    name="modal",
+    settings=ModalProviderConfig,
+    build=build,
+    description="Modal sandboxes through the modal SDK (imported only when used).",
+)

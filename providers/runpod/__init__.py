@@ -1,0 +1,1 @@
+"""The RunPod adapter (``type: runpod``)."""

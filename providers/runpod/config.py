@@ -1,0 +1,27 @@
+"""Configuration of the RunPod adapter (``type: runpod``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from vk_provider.settings.providers import CloudProviderSettings
+from vk_provider.settings.secrets import SecretRef
+
+
+class RunPodProviderConfig(CloudProviderSettings):
+    """RunPod pods through REST v1, offers through GraphQL (shared/provider-apis)."""
+
+    type: Literal["runpod"]
+    api_key: SecretRef = Field(description="API key, by reference (env:VAR or file:/path).")
+    cloud_type: Literal["SECURE", "COMMUNITY", "ALL"] = Field(
+        "SECURE", description="Secure cloud, community cloud, or both."
+    )
+    gpu_types: list[str] = Field(
+        default_factory=list, description="RunPod GPU type ids to consider; empty means all."
+    )
+    container_disk_gb: int = Field(20, ge=1, le=2000, description="Container disk per pod (GB).")
+    rest_url: str = Field("https://rest.runpod.io/v1", description="REST v1 base URL.")
+    graphql_url: str = Field("https://api.runpod.io/graphql", description="GraphQL URL.")
+    logs_url: str = Field("https://api.runpod.io/v2", description="REST v2 base URL (logs).")

@@ -1,0 +1,20 @@
+"""The ``runpod`` provider type, as the registry sees it."""
+
+from __future__ import annotations
+
+from providers.runpod.adapter import RunPodProvider
+from providers.runpod.config import RunPodProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.settings.providers import BuildContext, ProviderType
+
+
+def build(settings: RunPodProviderConfig, context: BuildContext) -> Provider:
+    return RunPodProvider(settings)
+
+
+PROVIDER_TYPE = ProviderType(
+    name="runpod",
+    settings=RunPodProviderConfig,
+    build=build,
+    description="RunPod GPU pods (REST v1, GraphQL offers, v2 logs).",
+)

@@ -1,0 +1,758 @@
+"""The agent's REST API (PRODUCT.md §8): providers, offers, pods, spend, health and metrics.
+
+``build_app`` makes a FastAPI application that reads only from an ``AgentView`` (frozen
+snapshots of the running agent) and a ``Metrics`` registry; ``RestServer`` runs it with
+uvicorn inside the agent's own event loop.
+
+Invariants:
+- Read-only: no route changes the agent. Every handler is ``async def`` so the view is read on
+  the event loop thread, never from a worker thread while the controllers change it.
+- Nothing secret leaves: response models are built field by field from the view's snapshots
+  (which hold no configuration), error bodies carry a fixed code and a message we wrote —
+  never an exception's text or a traceback — and tokens are neither logged nor echoed.
+- Every ``/v1/*`` route needs ``Authorization: Bearer <token>`` (``/metrics`` too unless
+  ``open_metrics``); ``/healthz``, ``/readyz`` and ``/openapi.json`` are open. Missing or
+  refused credentials answer 401 with ``WWW-Authenticate: Bearer``; an authenticator that
+  cannot tell (the API server is down) answers 503, so a caller retries instead of giving up.
+- Every error is JSON ``{"error": {"code": ..., "message": ...}}`` (401, 403, 404, 405, 422,
+  500, 503), and the OpenAPI document says so for each route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import socket
+from collections.abc import Generator, Mapping, Sequence
+from datetime import datetime
+from typing import Annotated, Any, Literal, Protocol
+
+import uvicorn
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from vk_provider import __version__
+from vk_provider.api.kubelet import Authenticator
+from vk_provider.api.metrics import CONTENT_TYPE, Metrics
+from vk_provider.api.view import AgentView, ProviderStatus
+from vk_provider.domain.models import Offer
+from vk_provider.domain.placement import CapacityType, gpu_matches
+from vk_provider.domain.podview import PodPlacement
+
+log = logging.getLogger(__name__)
+
+# A TokenReview that has not answered in this long will not answer usefully; the caller
+# gets a 503 and retries rather than holding a connection open.
+AUTH_TIMEOUT_SECONDS = 10.0
+
+_ERROR_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    422: "invalid_request",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+
+# --------------------------------------------------------------------------- authentication
+
+
+class RestAuth(Protocol):
+    async def authenticate(self, token: str) -> str | None:
+        """The user name a bearer token belongs to, or None if the token is not valid.
+
+        Raising means "cannot tell now" (for example the API server is unreachable); the
+        request is answered 503.
+        """
+        ...
+
+
+class StaticTokenAuth:
+    """Development: one shared token, compared in constant time."""
+
+    def __init__(self, token: str, *, username: str = "static-token") -> None:
+        if not token:
+            raise ValueError("the static token must not be empty")
+        self._token = token.encode()
+        self._username = username
+
+    async def authenticate(self, token: str) -> str | None:
+        return self._username if hmac.compare_digest(token.encode(), self._token) else None
+
+    def __repr__(self) -> str:
+        return "StaticTokenAuth(<redacted>)"
+
+
+class TokenReviewAuth:
+    """In cluster: the token is checked by a (cached) Kubernetes TokenReview.
+
+    ``authenticator`` is normally ``kubelet_backend.TokenReviewAuthenticator``, shared with the
+    kubelet API so both use one cache.
+    """
+
+    def __init__(self, authenticator: Authenticator) -> None:
+        self._authenticator = authenticator
+
+    async def authenticate(self, token: str) -> str | None:
+        user = await self._authenticator.authenticate_token(token)
+        if user is None:
+            return None
+        return user.username or "system:unknown"
+
+
+# --------------------------------------------------------------------------- response models
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ErrorDetail(_Model):
+    code: str = Field(
+        description="Stable machine-readable code: unauthorized, forbidden, not_found, "
+        "method_not_allowed, invalid_request, internal_error or unavailable.",
+        examples=["not_found"],
+    )
+    message: str = Field(
+        description="What went wrong, for a person.", examples=["no provider named 'acme'"]
+    )
+
+
+class ErrorBody(_Model):
+    error: ErrorDetail = Field(description="The error.")
+
+
+_OFFER_EXAMPLE: dict[str, Any] = {
+    "key": "runpod/NVIDIA H100 80GB HBM3/US-TX-3",
+    "provider": "runpod",
+    "sku": "NVIDIA H100 80GB HBM3",
+    "region": "US-TX-3",
+    "gpu_model": "H100-SXM",
+    "gpu_count": 1,
+    "gpu_memory_gib": 80.0,
+    "vcpus": 16.0,
+    "memory_gib": 125.0,
+    "price_per_hour": 2.69,
+    "spot": False,
+    "available": 3,
+    "startup_seconds": 90.0,
+}
+
+
+class OfferOut(_Model):
+    model_config = ConfigDict(frozen=True, json_schema_extra={"examples": [_OFFER_EXAMPLE]})
+
+    key: str = Field(description="provider/sku/region: what pods' `offer` field refers to.")
+    provider: str = Field(description="Provider name, as configured.")
+    sku: str = Field(description="The provider's name for the instance type.")
+    region: str = Field(description="Region or data centre.")
+    gpu_model: str | None = Field(description="Canonical GPU model; null for CPU-only offers.")
+    gpu_count: int = Field(description="GPUs per instance.")
+    gpu_memory_gib: float = Field(description="Memory per GPU (GiB).")
+    vcpus: float = Field(description="vCPUs per instance.")
+    memory_gib: float = Field(description="Memory per instance (GiB).")
+    price_per_hour: float = Field(description="Price of the whole instance ($/hour).")
+    spot: bool = Field(description="Interruptible (spot) capacity.")
+    available: int = Field(description="Instances of this offer the provider says it can start.")
+    startup_seconds: float = Field(description="Typical time from launch to running (s).")
+
+    @classmethod
+    def of(cls, offer: Offer) -> OfferOut:
+        return cls(
+            key=offer.key,
+            provider=offer.provider,
+            sku=offer.sku,
+            region=offer.region,
+            gpu_model=offer.gpu_model,
+            gpu_count=offer.gpu_count,
+            gpu_memory_gib=offer.gpu_memory_gib,
+            vcpus=offer.vcpus,
+            memory_gib=offer.memory_gib,
+            price_per_hour=offer.price_per_hour,
+            spot=offer.spot,
+            available=offer.available,
+            startup_seconds=offer.startup_seconds,
+        )
+
+
+_PROVIDER_EXAMPLE: dict[str, Any] = {
+    "name": "runpod",
+    "type": "runpod",
+    "healthy": True,
+    "breaker_state": "closed",
+    "consecutive_failures": 0,
+    "recent_failures": 1,
+    "last_error": None,
+    "last_answer_age_seconds": 4.2,
+    "offer_count": 12,
+    "gpus_available": 20,
+    "running_pods": 2,
+    "spend_per_hour": 5.38,
+}
+
+
+class ProviderSummary(_Model):
+    model_config = ConfigDict(frozen=True, json_schema_extra={"examples": [_PROVIDER_EXAMPLE]})
+
+    name: str = Field(description="Provider name, as configured.")
+    type: str = Field(description="Adapter type (runpod, lambda, modal, kubernetes, local, ...).")
+    healthy: bool = Field(
+        description="The circuit breaker is closed and the last offers query succeeded."
+    )
+    breaker_state: Literal["closed", "open", "half-open"] = Field(
+        description="Circuit breaker: closed (calls flow), open (calls refused while cooling "
+        "down) or half-open (one probe in flight)."
+    )
+    consecutive_failures: int = Field(description="Failures in a row since the last success.")
+    recent_failures: int = Field(description="Failures in the breaker's recent window.")
+    last_error: str | None = Field(description="The last failure, if any (class: message).")
+    last_answer_age_seconds: float | None = Field(
+        description="Seconds since the provider last answered an offers query; null if never."
+    )
+    offer_count: int = Field(description="Offers in the last answer.")
+    gpus_available: int = Field(description="GPUs the provider could start now (sum of offers).")
+    running_pods: int = Field(description="Pods placed on this provider.")
+    spend_per_hour: float = Field(description="Cost of this provider's running instances ($/hour).")
+
+    @classmethod
+    def of(cls, status: ProviderStatus) -> ProviderSummary:
+        return cls(**_summary_fields(status))
+
+
+class ProviderDetail(ProviderSummary):
+    model_config = ConfigDict(
+        frozen=True,
+        json_schema_extra={"examples": [{**_PROVIDER_EXAMPLE, "offers": [_OFFER_EXAMPLE]}]},
+    )
+
+    offers: list[OfferOut] = Field(description="The provider's offers, cheapest first.")
+
+    @classmethod
+    def of(cls, status: ProviderStatus) -> ProviderDetail:
+        offers = sorted(status.offers, key=lambda o: (o.price_per_hour, o.key))
+        return cls(**_summary_fields(status), offers=[OfferOut.of(o) for o in offers])
+
+
+def _summary_fields(status: ProviderStatus) -> dict[str, Any]:
+    return {
+        "name": status.name,
+        "type": status.type,
+        "healthy": status.healthy,
+        "breaker_state": status.breaker_state,
+        "consecutive_failures": status.consecutive_failures,
+        "recent_failures": status.recent_failures,
+        "last_error": status.last_error,
+        "last_answer_age_seconds": status.last_answer_age_seconds,
+        "offer_count": len(status.offers),
+        "gpus_available": status.gpus_available,
+        "running_pods": status.running_pods,
+        "spend_per_hour": status.spend_per_hour,
+    }
+
+
+class PodOut(_Model):
+    model_config = ConfigDict(
+        frozen=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "namespace": "inference",
+                    "name": "llama-7d9f-x2x4q",
+                    "uid": "3f1c2a9e-8d7b-4c6a-9e2f-1b0a5c4d3e2f",
+                    "provider": "runpod",
+                    "instance_id": "x1y2z3",
+                    "offer": "runpod/NVIDIA H100 80GB HBM3/US-TX-3",
+                    "price_per_hour": 2.69,
+                    "phase": "Running",
+                    "since": "2025-01-31T09:12:00Z",
+                }
+            ]
+        },
+    )
+
+    namespace: str = Field(description="Pod namespace.")
+    name: str = Field(description="Pod name.")
+    uid: str = Field(description="Pod UID (every provider instance carries it).")
+    provider: str = Field(description="Provider the pod runs on.")
+    instance_id: str = Field(description="The provider's id of the instance.")
+    offer: str = Field(description="Offer key (provider/sku/region).")
+    price_per_hour: float = Field(description="Price of the instance ($/hour).")
+    phase: str = Field(description="Pod phase (Pending, Running, Succeeded, Failed).")
+    since: datetime | None = Field(description="When the pod was placed there; null if unknown.")
+
+    @classmethod
+    def of(cls, pod: PodPlacement) -> PodOut:
+        return cls(
+            namespace=pod.namespace,
+            name=pod.name,
+            uid=pod.uid,
+            provider=pod.provider,
+            instance_id=pod.instance_id,
+            offer=pod.offer,
+            price_per_hour=pod.price_per_hour,
+            phase=pod.phase,
+            since=pod.since,
+        )
+
+
+class SpendTotal(_Model):
+    per_hour: float = Field(description="Current cost of running instances ($/hour).")
+    accumulated: float = Field(description="Spent since the agent started ($).")
+
+
+class ProviderSpend(SpendTotal):
+    provider: str = Field(description="Provider name.")
+
+
+class NamespaceSpend(SpendTotal):
+    namespace: str = Field(description="Pod namespace.")
+
+
+class SpendEntry(SpendTotal):
+    provider: str = Field(description="Provider name.")
+    namespace: str = Field(description="Pod namespace.")
+
+
+class SpendReport(_Model):
+    model_config = ConfigDict(
+        frozen=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "total": {"per_hour": 5.38, "accumulated": 41.7},
+                    "providers": [{"provider": "runpod", "per_hour": 5.38, "accumulated": 41.7}],
+                    "namespaces": [
+                        {"namespace": "inference", "per_hour": 5.38, "accumulated": 41.7}
+                    ],
+                    "entries": [
+                        {
+                            "provider": "runpod",
+                            "namespace": "inference",
+                            "per_hour": 5.38,
+                            "accumulated": 41.7,
+                        }
+                    ],
+                }
+            ]
+        },
+    )
+
+    total: SpendTotal = Field(description="Everything the virtual node costs.")
+    providers: list[ProviderSpend] = Field(description="Per provider, by name.")
+    namespaces: list[NamespaceSpend] = Field(description="Per namespace, by name.")
+    entries: list[SpendEntry] = Field(description="Per provider and namespace.")
+
+
+class ReadinessOut(_Model):
+    model_config = ConfigDict(
+        frozen=True,
+        json_schema_extra={
+            "examples": [{"ready": False, "reasons": ["the node is not registered yet"]}]
+        },
+    )
+
+    ready: bool = Field(description="Whether the agent serves its node.")
+    reasons: list[str] = Field(description="Why not, when not ready.")
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def filter_offers(
+    offers: Sequence[Offer],
+    *,
+    gpu: str | None = None,
+    region: str | None = None,
+    provider: str | None = None,
+    capacity_type: CapacityType = CapacityType.ANY,
+) -> list[Offer]:
+    """The offers that match every given filter; each filter takes a comma-separated list.
+
+    ``gpu`` matches as placement does (``H100`` matches ``H100-SXM``); regions and providers
+    match exactly; ``capacity_type`` keeps spot, on-demand or both.
+    """
+    gpus, regions, providers = _split(gpu), _split(region), _split(provider)
+    return [
+        o
+        for o in offers
+        if (not gpus or any(gpu_matches(g, o.gpu_model) for g in gpus))
+        and (not regions or o.region in regions)
+        and (not providers or o.provider in providers)
+        and (capacity_type is CapacityType.ANY or o.spot == (capacity_type is CapacityType.SPOT))
+    ]
+
+
+def spend_report(view: AgentView) -> SpendReport:
+    rows = view.spend()
+    by_provider: dict[str, tuple[float, float]] = {}
+    by_namespace: dict[str, tuple[float, float]] = {}
+    for row in rows:
+        rate, spent = by_provider.get(row.provider, (0.0, 0.0))
+        by_provider[row.provider] = (rate + row.per_hour, spent + row.accumulated)
+        rate, spent = by_namespace.get(row.namespace, (0.0, 0.0))
+        by_namespace[row.namespace] = (rate + row.per_hour, spent + row.accumulated)
+    return SpendReport(
+        total=SpendTotal(
+            per_hour=sum(r.per_hour for r in rows), accumulated=sum(r.accumulated for r in rows)
+        ),
+        providers=[
+            ProviderSpend(provider=name, per_hour=rate, accumulated=spent)
+            for name, (rate, spent) in sorted(by_provider.items())
+        ],
+        namespaces=[
+            NamespaceSpend(namespace=name, per_hour=rate, accumulated=spent)
+            for name, (rate, spent) in sorted(by_namespace.items())
+        ],
+        entries=[
+            SpendEntry(
+                provider=r.provider,
+                namespace=r.namespace,
+                per_hour=r.per_hour,
+                accumulated=r.accumulated,
+            )
+            for r in rows
+        ],
+    )
+
+
+def _split(value: str | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def _error(status: int, message: str, *, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    body = ErrorBody(error=ErrorDetail(code=_ERROR_CODES.get(status, "error"), message=message))
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    # Location and reason only: the rejected input is the caller's own and may be large.
+    parts = []
+    for item in exc.errors():
+        location = ".".join(str(p) for p in item.get("loc", ()))
+        parts.append(f"{location}: {item.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
+
+
+# --------------------------------------------------------------------------- the application
+
+_BEARER = HTTPBearer(
+    auto_error=False,
+    description="A Kubernetes service-account token (checked by TokenReview), or the static "
+    "development token.",
+)
+
+
+class _TokenCheck:
+    """The dependency of authenticated routes: the caller's user name, or an HTTP error."""
+
+    def __init__(self, auth: RestAuth) -> None:
+        self._auth = auth
+
+    async def __call__(
+        self, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+    ) -> str:
+        if credentials is None:
+            raise HTTPException(
+                401,
+                "a bearer token is required (Authorization: Bearer <token>)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        try:
+            async with asyncio.timeout(AUTH_TIMEOUT_SECONDS):
+                user = await self._auth.authenticate(credentials.credentials)
+        except Exception as exc:
+            # Only the class: an authenticator's message could quote its request (the token).
+            log.warning("REST API: cannot check a bearer token now (%s)", type(exc).__name__)
+            raise HTTPException(
+                503,
+                "the token cannot be checked now; try again later",
+                headers={"Retry-After": "5"},
+            ) from None
+        if user is None:
+            raise HTTPException(
+                401,
+                "the token was refused",
+                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            )
+        return user
+
+
+_ERROR_RESPONSE: dict[str, Any] = {"model": ErrorBody}
+_AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {**_ERROR_RESPONSE, "description": "No bearer token, or the token was refused."},
+    503: {**_ERROR_RESPONSE, "description": "The token cannot be checked now; retry."},
+    500: {**_ERROR_RESPONSE, "description": "Internal error (details only in the agent's log)."},
+}
+_INVALID_RESPONSE: dict[int | str, dict[str, Any]] = {
+    422: {**_ERROR_RESPONSE, "description": "A parameter is invalid; the message names it."},
+}
+_TEXT_RESPONSE: dict[str, Any] = {"content": {"text/plain": {"schema": {"type": "string"}}}}
+
+
+def build_app(
+    *, view: AgentView, metrics: Metrics, auth: RestAuth, open_metrics: bool = True
+) -> FastAPI:
+    """The REST API application over ``view``; see the module docstring for its invariants."""
+    app = FastAPI(
+        title="vk-provider",
+        version=__version__,
+        description="Status of a vk-provider agent: its GPU providers, their offers, the pods "
+        "it runs and what they cost. Every /v1 route needs `Authorization: Bearer <token>`.",
+        # The interactive docs load scripts from a CDN; the agent serves only its own bytes.
+        docs_url=None,
+        redoc_url=None,
+    )
+    authenticated = [Depends(_TokenCheck(auth))]
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return _error(exc.status_code, str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> Response:
+        return _error(422, _validation_message(exc))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        # Starlette re-raises after this response is sent, so the server logs the traceback;
+        # the caller only learns that it failed.
+        return _error(500, "internal error; the agent's log has the details")
+
+    @app.get(
+        "/v1/providers",
+        response_model=list[ProviderSummary],
+        dependencies=authenticated,
+        responses=_AUTH_RESPONSES,
+        tags=["providers"],
+        summary="Every provider: health, circuit breaker, capacity, pods, $/hour",
+    )
+    async def list_providers() -> list[ProviderSummary]:
+        return [ProviderSummary.of(status) for status in view.providers()]
+
+    @app.get(
+        "/v1/providers/{name}",
+        response_model=ProviderDetail,
+        dependencies=authenticated,
+        responses={
+            **_AUTH_RESPONSES,
+            **_INVALID_RESPONSE,
+            404: {**_ERROR_RESPONSE, "description": "No provider has this name."},
+        },
+        tags=["providers"],
+        summary="One provider, with its offers",
+    )
+    async def get_provider(name: str) -> ProviderDetail:
+        status = view.provider(name)
+        if status is None:
+            raise HTTPException(404, f"no provider named {name!r}")
+        return ProviderDetail.of(status)
+
+    @app.get(
+        "/v1/offers",
+        response_model=list[OfferOut],
+        dependencies=authenticated,
+        responses={**_AUTH_RESPONSES, **_INVALID_RESPONSE},
+        tags=["offers"],
+        summary="Known offers, cheapest first, optionally filtered",
+    )
+    async def list_offers(
+        gpu: Annotated[
+            str | None,
+            Query(
+                description="GPU models, comma-separated; H100 matches every H100 variant.",
+                examples=["H100"],
+            ),
+        ] = None,
+        region: Annotated[str | None, Query(description="Regions, comma-separated, exact.")] = None,
+        provider: Annotated[
+            str | None, Query(description="Provider names, comma-separated.")
+        ] = None,
+        capacity_type: Annotated[
+            CapacityType, Query(description="on-demand, spot, or any (both).")
+        ] = CapacityType.ANY,
+    ) -> list[OfferOut]:
+        offers = filter_offers(
+            view.offers(),
+            gpu=gpu,
+            region=region,
+            provider=provider,
+            capacity_type=capacity_type,
+        )
+        return [OfferOut.of(o) for o in offers]
+
+    @app.get(
+        "/v1/pods",
+        response_model=list[PodOut],
+        dependencies=authenticated,
+        responses=_AUTH_RESPONSES,
+        tags=["pods"],
+        summary="Where each pod runs, since when, at what price",
+    )
+    async def list_pods() -> list[PodOut]:
+        return [PodOut.of(pod) for pod in view.pods()]
+
+    @app.get(
+        "/v1/spend",
+        response_model=SpendReport,
+        dependencies=authenticated,
+        responses=_AUTH_RESPONSES,
+        tags=["spend"],
+        summary="Current $/hour and accumulated $ per provider and per namespace",
+    )
+    async def get_spend() -> SpendReport:
+        return spend_report(view)
+
+    @app.get(
+        "/healthz",
+        response_class=PlainTextResponse,
+        responses={200: _TEXT_RESPONSE},
+        tags=["health"],
+        summary="Liveness: 200 while the process serves",
+    )
+    async def healthz() -> str:
+        return "ok"
+
+    @app.get(
+        "/readyz",
+        response_model=ReadinessOut,
+        responses={503: {"model": ReadinessOut, "description": "Not ready; reasons given."}},
+        tags=["health"],
+        summary="Readiness: 200 when the agent serves its node, else 503 with the reasons",
+    )
+    async def readyz() -> Response:
+        readiness = view.readiness()
+        body = ReadinessOut(ready=readiness.ready, reasons=list(readiness.reasons))
+        return JSONResponse(body.model_dump(), status_code=200 if readiness.ready else 503)
+
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        dependencies=[] if open_metrics else authenticated,
+        responses={200: _TEXT_RESPONSE, **({} if open_metrics else _AUTH_RESPONSES)},
+        tags=["health"],
+        summary="Prometheus metrics (text exposition format 0.0.4)",
+    )
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # The agent owns SIGINT/SIGTERM (runtime.py); uvicorn would replace its handlers and
+        # re-raise the signal after shutting down. Stopping is RestServer.stop()'s job.
+        yield
+
+
+class RestServer:
+    """Runs the REST API with uvicorn on ``host:port`` in the current event loop until
+    :meth:`stop`.
+
+    The listening socket is bound in :meth:`start` (so a taken port fails there, as an
+    ``OSError``, instead of uvicorn calling ``sys.exit``). Uvicorn runs with ``lifespan="off"``:
+    the app has no start-up or shutdown work of its own — every loop of the agent is started
+    and stopped by the agent's supervisor, not by the web server.
+    """
+
+    def __init__(
+        self,
+        *,
+        app: FastAPI,
+        host: str,
+        port: int,
+        shutdown_timeout: float = 2.0,
+        startup_timeout: float = 5.0,
+    ) -> None:
+        self.app = app
+        self.host = host.strip("[]")  # "[::]" as written in "listen" is "::" to bind
+        self.port = port
+        self._shutdown_timeout = shutdown_timeout
+        self._startup_timeout = startup_timeout
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind and serve; with port 0 the chosen port is in ``self.port`` afterwards."""
+        if self._server is not None:
+            raise RuntimeError("REST API server already started")
+        sock = await self._bind()
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,  # the agent configures logging once, for every part
+            log_level="warning",  # our own lines say "serving" and "stopped"; uvicorn's only errors
+            access_log=False,  # request lines are not needed, and headers must never leak
+            lifespan="off",
+            ws="none",
+            server_header=False,
+            timeout_graceful_shutdown=int(max(1, self._shutdown_timeout)),
+        )
+        server = _EmbeddedServer(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="rest-api")
+        try:
+            async with asyncio.timeout(self._startup_timeout):
+                # uvicorn has no "started" event, only this flag; it turns within a tick.
+                while not server.started:
+                    if task.done():
+                        task.result()  # raises what stopped it
+                        raise RuntimeError("REST API server stopped while starting")
+                    await asyncio.sleep(0.01)
+        except BaseException:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            sock.close()
+            raise
+        self._server, self._task = server, task
+        self.port = int(sock.getsockname()[1])
+        log.info("REST API: serving on %s:%d", self.host, self.port)
+
+    async def _bind(self) -> socket.socket:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(
+            self.host or None, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def stop(self) -> None:
+        """Stop accepting, let open requests finish for a short grace, then cancel."""
+        server, task = self._server, self._task
+        self._server = self._task = None
+        if server is None or task is None:
+            return
+        server.should_exit = True
+        try:
+            async with asyncio.timeout(self._shutdown_timeout + 1):
+                await task
+        except TimeoutError:
+            log.warning("REST API: shutdown did not finish in time")
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        except Exception:
+            log.exception("REST API: the server failed while stopping")
+        log.info("REST API: stopped")

@@ -1,0 +1,3 @@
+"""The ``vk-provider`` command line (``app``), its REST client (``client``) and tables
+(``tables``).
+"""

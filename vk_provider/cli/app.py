@@ -1,0 +1,377 @@
+"""The `vk-provider` command line.
+
+Exit codes (PRODUCT.md §3): 0 success, 2 usage or configuration error, 1 runtime failure.
+Commands only parse arguments and print; the work lives in the modules they call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from vk_provider.cli.client import (
+    DEFAULT_URL,
+    OutputFormat,
+    RestClient,
+    RestClientError,
+    check_token,
+    offers_table,
+    pods_table,
+    print_table,
+    providers_table,
+    read_token_file,
+)
+from vk_provider.cluster.binaries import PINNED, Binaries, ensure_binaries
+from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.cluster.errors import ClusterError
+from vk_provider.domain.placement import CapacityType
+from vk_provider.runtime.registry import Registry
+from vk_provider.settings.secrets import ConfigError
+
+app = typer.Typer(
+    help="vk-provider: a virtual Kubernetes node backed by rented GPU clouds.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+cluster_app = typer.Typer(help="A real local Kubernetes control plane.", no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
+
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+NAME_OPTION = typer.Option("vk-dev", "--name", help="Cluster name; clusters run side by side.")
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def obtain_binaries() -> Binaries:
+    """Find the control-plane binaries, building them with visible progress when needed.
+
+    On a terminal this is a progress bar; in a log (CI) it is one line per phase and per
+    tenth of the packages compiled, so a person reading the log sees it move.
+    """
+    if not console.is_terminal:
+        last: dict[str, int] = {}
+
+        def report_lines(phase: str, done: int, total: int) -> None:
+            step = (10 * done // total) if total else -1
+            if last.get(phase) != step:
+                last[phase] = step
+                suffix = f" {done}/{total} packages" if total else ""
+                console.print(f"  {phase}{suffix}", highlight=False)
+
+        binaries = ensure_binaries(PINNED, progress=report_lines)
+        console.print(f"  binaries: {binaries.source}", highlight=False)
+        return binaries
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("looking for control-plane binaries", total=None)
+
+        def report(phase: str, done: int, total: int) -> None:
+            bar.update(task, description=phase, completed=done, total=total or None)
+
+        binaries = ensure_binaries(PINNED, progress=report)
+    console.print(f"binaries: {binaries.source}", highlight=False)
+    return binaries
+
+
+@cluster_app.command("binaries")
+def cluster_binaries() -> None:
+    """Find or build the control-plane binaries (pinned version) and print where they are."""
+    try:
+        binaries = obtain_binaries()
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
+    out.print(binaries.kube_apiserver.parent)
+
+
+@cluster_app.command("up")
+def cluster_up(
+    name: str = NAME_OPTION,
+    apiserver_port: int = typer.Option(
+        0, "--apiserver-port", help="Fixed API server port (default: a free port, kept)."
+    ),
+) -> None:
+    """Start the control plane (idempotent) and print the KUBECONFIG to use."""
+    try:
+        cluster = LocalCluster(name)
+        binaries = obtain_binaries()
+        kubeconfig = cluster.up(
+            binaries, apiserver_port=apiserver_port or None, say=lambda m: console.print(f"  {m}")
+        )
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"cluster [bold]{name}[/] is up. Use it with:")
+    out.print(f"export KUBECONFIG={kubeconfig}", highlight=False)
+
+
+@cluster_app.command("down")
+def cluster_down(
+    name: str = NAME_OPTION,
+    keep_state: bool = typer.Option(
+        False, "--keep-state", help="Keep certificates and etcd data for the next `up`."
+    ),
+) -> None:
+    """Stop every process of the cluster and remove its state."""
+    try:
+        LocalCluster(name).down(keep_state=keep_state, say=lambda m: console.print(f"  {m}"))
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"cluster [bold]{name}[/] is down.")
+
+
+@cluster_app.command("status")
+def cluster_status(name: str = NAME_OPTION) -> None:
+    """Show whether each component runs and the API server is ready (exit 1 if not healthy)."""
+    try:
+        status = LocalCluster(name).status()
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
+    if not status.exists:
+        raise _fail(f"cluster {name!r} does not exist; start it with `vk-provider cluster up`")
+    table = Table(title=f"cluster {name}")
+    table.add_column("component")
+    table.add_column("pid", justify="right")
+    table.add_column("state")
+    for component in status.components:
+        state = "[green]running[/]" if component.running else "[red]stopped[/]"
+        table.add_row(component.name, str(component.pid or "-"), state)
+    out.print(table)
+    ready = "[green]ready[/]" if status.apiserver_ready else "[red]not ready[/]"
+    out.print(f"API server {status.server}: {ready}")
+    out.print(f"KUBECONFIG={status.kubeconfig}", highlight=False)
+    if not status.healthy:
+        raise typer.Exit(1)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # aiohttp's access log would show request lines; ours carry no secrets but stay quiet.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+@app.command("run")
+def run(
+    config: Path = typer.Option(..., "--config", help="Agent configuration (YAML)."),
+    kubeconfig: Path | None = typer.Option(
+        None, "--kubeconfig", help="Kubeconfig file; in-cluster configuration when absent."
+    ),
+    state_dir: Path | None = typer.Option(
+        None, "--state-dir", help="Where local state (TLS material, local instances) lives."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+) -> None:
+    """Run the agent: register the virtual node and run its pods through the providers."""
+    from vk_provider.runtime.agent import AgentFailed, run_agent
+
+    try:
+        registry = Registry.default()
+        settings = registry.load_config(config)
+    except ConfigError as exc:
+        raise _fail(f"invalid configuration:\n{exc}", code=2) from exc
+    _setup_logging(log_level)
+    try:
+        asyncio.run(
+            run_agent(settings, registry=registry, kubeconfig=kubeconfig, state_dir=state_dir)
+        )
+    except AgentFailed as exc:
+        raise _fail(str(exc)) from exc
+    except Exception as exc:
+        raise _fail(f"the agent stopped: {type(exc).__name__}: {exc}") from exc
+
+
+@app.command("check-config")
+def check_config(path: Path = typer.Argument(..., help="Configuration file to validate.")) -> None:
+    """Validate a configuration file; every error names the field and why (exit 2 if invalid)."""
+    try:
+        settings = Registry.default().load_config(path)
+    except ConfigError as exc:
+        raise _fail(f"{path} is invalid:\n{exc}", code=2) from exc
+    names = ", ".join(f"{p.name} ({p.type})" for p in settings.providers)
+    out.print(f"{path}: valid. Node {settings.node.name}; providers: {names}", highlight=False)
+
+
+@app.command("demo")
+def demo(
+    name: str = typer.Option("vk-demo", "--name", help="Name of the demo's local cluster."),
+) -> None:
+    """Start a local control plane and keep it running until Ctrl-C, then tear it down."""
+    from vk_provider.cluster.demo import run_demo
+
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        run_demo(name=name, binaries=obtain_binaries(), stop=stop, console=console, out=out)
+    except (ClusterError, RuntimeError) as exc:
+        raise _fail(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------- REST API queries
+
+URL_OPTION = typer.Option(
+    DEFAULT_URL, "--url", envvar="VK_PROVIDER_URL", help="Base URL of the agent's REST API."
+)
+TOKEN_OPTION = typer.Option(
+    None,
+    "--token",
+    envvar="VK_PROVIDER_TOKEN",
+    show_default=False,
+    help="Bearer token for the REST API.",
+)
+TOKEN_FILE_OPTION = typer.Option(
+    None,
+    "--token-file",
+    exists=True,
+    dir_okay=False,
+    readable=True,
+    help="Read the bearer token from this file (wins over --token and VK_PROVIDER_TOKEN).",
+)
+OUTPUT_OPTION = typer.Option(
+    OutputFormat.TABLE, "--output", "-o", help="table, or json (the API's answer as is)."
+)
+
+
+def _query_api(
+    *,
+    url: str,
+    token: str | None,
+    token_file: Path | None,
+    output: OutputFormat,
+    fetch: Callable[[RestClient], list[dict[str, Any]]],
+    render: Callable[[Sequence[dict[str, Any]]], Table],
+    nothing: str,
+) -> None:
+    """The shared body of the query commands: resolve the token, fetch, print."""
+    if not url.startswith(("http://", "https://")):
+        raise typer.BadParameter("must be an http:// or https:// URL", param_hint="--url")
+    if token_file is not None:
+        try:
+            token = read_token_file(token_file)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--token-file") from exc
+    elif token is not None:
+        try:
+            token = check_token(token)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--token") from exc
+    try:
+        with RestClient(url, token=token) as client:
+            data = fetch(client)
+    except RestClientError as exc:
+        raise _fail(escape(str(exc))) from exc
+    if output is OutputFormat.JSON:
+        typer.echo(json.dumps(data, indent=2))
+    elif not data:
+        console.print(nothing, highlight=False)
+    else:
+        print_table(out, render(data))
+
+
+@app.command("providers")
+def providers_command(
+    url: str = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    token_file: Path | None = TOKEN_FILE_OPTION,
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """Show a running agent's providers: health, circuit breaker, capacity, pods, cost."""
+    _query_api(
+        url=url,
+        token=token,
+        token_file=token_file,
+        output=output,
+        fetch=lambda client: client.providers(),
+        render=providers_table,
+        nothing="the agent has no providers",
+    )
+
+
+@app.command("offers")
+def offers_command(
+    gpu: str | None = typer.Option(
+        None, "--gpu", help="GPU models, comma-separated; H100 matches every H100 variant."
+    ),
+    region: str | None = typer.Option(None, "--region", help="Regions, comma-separated."),
+    provider: str | None = typer.Option(None, "--provider", help="Providers, comma-separated."),
+    capacity_type: CapacityType = typer.Option(
+        CapacityType.ANY, "--capacity-type", help="on-demand, spot or any."
+    ),
+    url: str = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    token_file: Path | None = TOKEN_FILE_OPTION,
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """Show the offers a running agent knows, cheapest first."""
+    _query_api(
+        url=url,
+        token=token,
+        token_file=token_file,
+        output=output,
+        fetch=lambda client: client.offers(
+            gpu=gpu, region=region, provider=provider, capacity_type=capacity_type.value
+        ),
+        render=offers_table,
+        nothing="no offers match",
+    )
+
+
+@app.command("pods")
+def pods_command(
+    url: str = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    token_file: Path | None = TOKEN_FILE_OPTION,
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """Show where a running agent's pods run, since when, and at what price."""
+    _query_api(
+        url=url,
+        token=token,
+        token_file=token_file,
+        output=output,
+        fetch=lambda client: client.pods(),
+        render=pods_table,
+        nothing="the agent runs no pods",
+    )
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""`vk-provider demo`: the embedded default run, end to end on this machine.
+
+1. a real local control plane (``vk-demo``);
+2. the agent (`vk-provider run` as a child process) with three simulated GPU clouds — the
+   ``local`` provider, which runs each container's command as a local process;
+3. an example inference Deployment that tolerates the virtual node's taint, so its pods land
+   on the virtual node and spread over the clouds cheapest-first as capacity fills.
+
+It prints what to look at, and on Ctrl-C (or SIGTERM) deletes the workload, stops the agent
+and the cluster. Invariant: every process it started is stopped before it returns.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from providers.local.adapter import LocalProvider
+from providers.local.config import LocalProviderConfig
+from vk_provider.cluster.binaries import Binaries
+from vk_provider.cluster.cluster import LocalCluster, free_ports, port_is_free
+from vk_provider.runtime.registry import Registry
+
+NODE_NAME = "vk-gpu"
+DEFAULT_REST_PORT = 8080
+NAMESPACE = "default"
+DEPLOYMENT = "inference"
+
+# The simulated clouds: prices and capacities chosen so three replicas spread over them.
+SIMULATED_PROVIDERS: list[dict[str, Any]] = [
+    {
+        "name": "sim-runpod",
+        "offers": [
+            {
+                "sku": "a100-80gb",
+                "gpu_model": "A100-80GB",
+                "gpu_count": 1,
+                "gpu_memory_gib": 80,
+                "vcpus": 8,
+                "memory_gib": 64,
+                "price_per_hour": 1.39,
+                "capacity": 1,
+                "region": "eu-ro-1",
+                "startup_seconds": 2,
+            },
+            {
+                "sku": "h100-sxm",
+                "gpu_model": "H100-SXM",
+                "gpu_count": 1,
+                "gpu_memory_gib": 80,
+                "vcpus": 16,
+                "memory_gib": 128,
+                "price_per_hour": 2.69,
+                "capacity": 2,
+                "region": "eu-ro-1",
+                "startup_seconds": 3,
+            },
+        ],
+    },
+    {
+        "name": "sim-lambda",
+        "offers": [
+            {
+                "sku": "gpu_1x_h100_pcie",
+                "gpu_model": "H100-PCIE",
+                "gpu_count": 1,
+                "gpu_memory_gib": 80,
+                "vcpus": 26,
+                "memory_gib": 200,
+                "price_per_hour": 2.49,
+                "capacity": 1,
+                "region": "us-east-1",
+                "startup_seconds": 4,
+            },
+        ],
+    },
+    {
+        "name": "sim-modal",
+        "offers": [
+            {
+                "sku": "l40s",
+                "gpu_model": "L40S",
+                "gpu_count": 1,
+                "gpu_memory_gib": 48,
+                "vcpus": 8,
+                "memory_gib": 32,
+                "price_per_hour": 0.99,
+                "capacity": 2,
+                "region": "us-west",
+                "startup_seconds": 1,
+            },
+        ],
+    },
+]
+
+WORKLOAD_SCRIPT = """\
+import os, time
+print(f"model server {os.environ['POD_NAME']} ready on {os.environ['GPU_HINT']}", flush=True)
+n = 0
+while True:
+    n += 1
+    print(f"served request {n}", flush=True)
+    time.sleep(3)
+"""
+
+
+def demo_config(
+    *, kubelet_port: int, rest_port: int, token_file: Path, state_dir: Path, client_ca: Path
+) -> dict[str, Any]:
+    return {
+        "node": {"name": NODE_NAME, "address": "127.0.0.1"},
+        # The API server reaches the kubelet API with a client certificate from the cluster CA.
+        "kubelet_api": {"listen": f"127.0.0.1:{kubelet_port}", "client_ca_file": str(client_ca)},
+        "rest": {"listen": f"127.0.0.1:{rest_port}", "static_token": f"file:{token_file}"},
+        "intervals": {"restart_backoff_seconds": 5},
+        "providers": [
+            {"type": "local", "enabled": True, "state_dir": str(state_dir / p["name"]), **p}
+            for p in SIMULATED_PROVIDERS
+        ],
+    }
+
+
+def demo_deployment(replicas: int = 3) -> dict[str, Any]:
+    labels = {"app": DEPLOYMENT}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": DEPLOYMENT, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    # Any H100 or an 80 GB A100: the L40S offer is cheaper but not allowed.
+                    "annotations": {"vk-provider.io/gpu": "H100,A100-80GB"},
+                },
+                "spec": {
+                    "nodeSelector": {"type": "virtual-kubelet"},
+                    "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "example.com/inference:1.0",
+                            "command": [sys.executable, "-c", WORKLOAD_SCRIPT],
+                            "env": [
+                                {"name": "GPU_HINT", "value": "a rented GPU"},
+                                {
+                                    "name": "POD_NAME",
+                                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                },
+                            ],
+                            "resources": {
+                                "limits": {"nvidia.com/gpu": "1"},
+                                "requests": {"cpu": "1", "memory": "4Gi"},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _die_with_parent() -> None:
+    """In the agent child: get SIGTERM if the demo dies, so no agent is left behind."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _stop_local_instances(config_path: Path) -> None:
+    """Safety net: no simulated instance outlives the demo, whatever the agent managed."""
+    import asyncio
+
+    async def stop_all() -> None:
+        config = Registry.default().load_config(config_path)
+        for entry in config.providers:
+            if not isinstance(entry, LocalProviderConfig):
+                continue
+            provider = LocalProvider(entry, state_dir=Path(str(entry.state_dir)))
+            for instance in await provider.list_ours():
+                await provider.delete(instance.instance_id, grace_seconds=0)
+
+    asyncio.run(stop_all())
+
+
+def run_demo(
+    *, name: str, binaries: Binaries, stop: threading.Event, console: Console, out: Console
+) -> None:
+    cluster = LocalCluster(name)
+    agent: subprocess.Popen[bytes] | None = None
+    config_path = cluster.directory / "demo-agent.yaml"
+    try:
+        kubeconfig = cluster.up(binaries, say=lambda m: console.print(f"  {m}"))
+        state_dir = cluster.directory / "agent"
+        kubelet_port, spare = free_ports(2)
+        # The CLI's default REST address is :8080; use it when it is free.
+        rest_port = DEFAULT_REST_PORT if port_is_free(DEFAULT_REST_PORT) else spare
+        token = secrets.token_urlsafe(24)
+        token_file = cluster.directory / "rest-token"
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+        config = demo_config(
+            kubelet_port=kubelet_port,
+            rest_port=rest_port,
+            token_file=token_file,
+            state_dir=state_dir,
+            client_ca=cluster.pki.ca.cert,
+        )
+        config_path.write_text(yaml.safe_dump(config))
+        log_path = cluster.directory / "logs" / "agent.log"
+        console.print(f"  starting the agent (log: {log_path})")
+        with log_path.open("ab") as log_file:
+            agent = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "vk_provider",
+                    "run",
+                    "--config",
+                    str(config_path),
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--state-dir",
+                    str(state_dir),
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent,  # the demo is single-threaded here
+            )
+        time.sleep(1.0)
+        if agent.poll() is not None:
+            raise RuntimeError(f"the agent exited at start-up; see {log_path}")
+        cluster.create_object(
+            f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", demo_deployment()
+        )
+        status = cluster.status()
+        out.print(f"\n[bold]vk-provider demo[/] is running on local control plane {name!r}.")
+        out.print(f"  API server   {status.server}")
+        out.print(f"  virtual node {NODE_NAME}, kubelet API https://127.0.0.1:{kubelet_port}")
+        out.print(f"  providers    {', '.join(p['name'] for p in SIMULATED_PROVIDERS)} (simulated)")
+        out.print(f"  agent log    {log_path}")
+        out.print("\nLook at it from another terminal:", highlight=False)
+        out.print(f"  export KUBECONFIG={kubeconfig}", highlight=False)
+        out.print("  kubectl get nodes -o wide", highlight=False)
+        out.print("  kubectl get pods -o wide -L vk-provider.io/provider", highlight=False)
+        out.print(
+            "  kubectl get pods -o custom-columns=NAME:.metadata.name,"
+            "PROVIDER:.metadata.annotations.vk-provider\\.io/provider,"
+            "PRICE:.metadata.annotations.vk-provider\\.io/price-per-hour",
+            highlight=False,
+        )
+        out.print(f"  kubectl logs -f deployment/{DEPLOYMENT}", highlight=False)
+        out.print(
+            f"  kubectl describe pod -l app={DEPLOYMENT}   # ProviderSelected events",
+            highlight=False,
+        )
+        out.print(f"  kubectl scale deployment/{DEPLOYMENT} --replicas=5", highlight=False)
+        out.print("\nAnd the agent's REST API (provider status, offers, pods, spend):")
+        out.print(f"  export VK_PROVIDER_URL=http://127.0.0.1:{rest_port}", highlight=False)
+        out.print(f"  export VK_PROVIDER_TOKEN=$(cat {token_file})", highlight=False)
+        out.print(
+            "  vk-provider providers; vk-provider offers --gpu H100; vk-provider pods",
+            highlight=False,
+        )
+        out.print(f"  curl http://127.0.0.1:{rest_port}/metrics", highlight=False)
+        out.print("\nPress Ctrl-C to stop everything.")
+        while not stop.is_set():
+            if agent.poll() is not None:
+                raise RuntimeError(f"the agent exited with code {agent.returncode}; see {log_path}")
+            stop.wait(1.0)
+    finally:
+        console.print("\nstopping the demo")
+        if agent is not None and agent.poll() is None:
+            agent.terminate()
+            try:
+                agent.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+        if config_path.exists():
+            _stop_local_instances(config_path)
+        cluster.down(say=lambda m: console.print(f"  {m}"))

@@ -1,0 +1,142 @@
+"""Every call to a provider goes through here: circuit breaking and call metrics in one place.
+
+``GuardedProvider`` wraps an adapter and implements the same ``Provider`` protocol, so the
+rest of the agent cannot call an adapter around its breaker. While the breaker is open,
+``create``/``get``/``list_ours``/``logs`` fail fast with ``Transient("circuit open")`` and
+``offers`` returns nothing — except for the one probe the breaker allows after its
+cool-down, which is the cheap ``offers`` call. ``delete`` is always attempted: stopping a
+paid instance matters more than sparing a sick provider a request.
+
+Invariants: an adapter exception other than ``ProviderError`` is wrapped into ``Transient``
+naming the adapter, so callers only ever see the taxonomy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from vk_provider.domain.breaker import BreakerState, CircuitBreaker, counts_as_failure
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import ProviderError, Transient
+from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+CallObserver = Callable[[str, str, float, BaseException | None], None]
+"""(provider, operation, seconds, error or None) — for metrics."""
+
+
+def _ignore(_p: str, _o: str, _s: float, _e: BaseException | None) -> None:
+    return None
+
+
+class GuardedProvider:
+    def __init__(
+        self,
+        inner: Provider,
+        breaker: CircuitBreaker,
+        *,
+        observe: CallObserver = _ignore,
+    ) -> None:
+        self._inner = inner
+        self.breaker = breaker
+        self._observe = observe
+        self._clock = time.monotonic
+        self.last_answer: float | None = None  # any call the provider answered (even "no")
+
+    def answered_within(self, seconds: float) -> bool:
+        return self.last_answer is not None and self._clock() - self.last_answer <= seconds
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._inner.capabilities
+
+    @property
+    def inner(self) -> Provider:
+        return self._inner
+
+    def _outcome(self, operation: str, started: float, error: BaseException | None) -> None:
+        self._observe(self.name, operation, time.monotonic() - started, error)
+        if error is None or not counts_as_failure(error):
+            self.last_answer = self._clock()
+        before = self.breaker.state
+        if error is None:
+            self.breaker.record_success()
+        else:
+            self.breaker.record_failure(error)
+        after = self.breaker.state
+        if after is not before:
+            snapshot = self.breaker.snapshot()
+            if after is BreakerState.OPEN:
+                log.warning(
+                    "circuit breaker of provider %s opened (%d failures in a row; last: %s)",
+                    self.name,
+                    snapshot.consecutive_failures,
+                    snapshot.last_error,
+                )
+            else:
+                log.info("circuit breaker of provider %s is %s", self.name, after.value)
+
+    async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        started = time.monotonic()
+        try:
+            result = await call()
+        except ProviderError as exc:
+            exc.provider = exc.provider or self.name
+            self._outcome(operation, started, exc)
+            raise
+        except TimeoutError as exc:
+            self._outcome(operation, started, exc)
+            raise Transient(f"{operation} timed out", provider=self.name) from exc
+        except Exception as exc:
+            self._outcome(operation, started, exc)
+            raise Transient(
+                f"adapter {self.name} failed in {operation}: {type(exc).__name__}: {exc}",
+                provider=self.name,
+            ) from exc
+        self._outcome(operation, started, None)
+        return result
+
+    def _refuse_if_open(self, operation: str) -> None:
+        if self.breaker.state is not BreakerState.CLOSED:
+            raise Transient(
+                f"circuit open: not calling {self.name} for {operation}", provider=self.name
+            )
+
+    async def offers(self) -> list[Offer]:
+        if not self.breaker.allows_calls() and not self.breaker.allow_probe():
+            return []
+        return await self._call("offers", self._inner.offers)
+
+    async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
+        self._refuse_if_open("create")
+        return await self._call("create", lambda: self._inner.create(spec, offer))
+
+    async def get(self, instance_id: str) -> Instance:
+        self._refuse_if_open("get")
+        return await self._call("get", lambda: self._inner.get(instance_id))
+
+    async def delete(self, instance_id: str, *, grace_seconds: float) -> None:
+        await self._call(
+            "delete", lambda: self._inner.delete(instance_id, grace_seconds=grace_seconds)
+        )
+
+    async def list_ours(self) -> list[Instance]:
+        self._refuse_if_open("list")
+        return await self._call("list", self._inner.list_ours)
+
+    async def logs(self, instance_id: str, options: LogOptions) -> AsyncIterator[bytes]:
+        self._refuse_if_open("logs")
+        async for chunk in self._inner.logs(instance_id, options):
+            yield chunk
+
+    async def close(self) -> None:
+        await self._inner.close()

@@ -1,0 +1,210 @@
+"""Launching a pod's workload: placement, budget reservation and failover across offers.
+
+``Launcher.launch`` ranks the offers with ``place()`` (pure) and walks the candidates, at most
+``max_candidates`` of them, reserving each one's price in the budget ledger before calling
+the provider. The outcome is data (``LaunchResult``) that the pod controller turns into
+annotations, status and Events; every failed attempt is listed in it.
+
+Failover rules (PRODUCT.md §7), one per error class:
+
+| error | effect |
+|---|---|
+| ``CapacityUnavailable`` | block the (provider, sku, region) a while; next candidate |
+| ``AuthFailed`` | block the provider for ``auth_block_seconds``; next candidate |
+| ``InvalidSpec`` | stop: the request can never succeed as is |
+| ``RateLimited`` / ``Transient`` | stop and retry later on the same candidate (``retry_after``) |
+
+Invariants: a reservation is released whenever its create fails, so the ledger only ever
+holds launched or launching pods; blocked entries expire by the injected clock; an offer or
+provider blocked during the walk is not called again in the same walk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from vk_provider.domain.budget import BudgetLedger
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.errors import (
+    AuthFailed,
+    CapacityUnavailable,
+    InvalidSpec,
+    ProviderError,
+    RateLimited,
+)
+from vk_provider.domain.models import Instance, Offer, WorkloadSpec
+from vk_provider.domain.placement import (
+    Placement,
+    PlacementPolicy,
+    PlacementRequest,
+    ProviderHealth,
+    place,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSettings:
+    max_candidates: int = 5
+    capacity_block_seconds: float = 120.0
+    auth_block_seconds: float = 600.0
+    policy: PlacementPolicy = field(default_factory=PlacementPolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    offer: Offer
+    error: ProviderError
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchResult:
+    """Exactly one of: launched, no fit, invalid, or retry later; plus the failed attempts."""
+
+    placement: Placement
+    attempts: tuple[Attempt, ...] = ()
+    instance: Instance | None = None
+    offer: Offer | None = None
+    invalid: InvalidSpec | None = None
+    retry_after: float | None = None  # set for RateLimited / Transient: same candidate later
+    budget_skipped: int = 0  # candidates a concurrent placement priced out meanwhile
+
+    @property
+    def launched(self) -> bool:
+        return self.instance is not None
+
+    @property
+    def budget_limited(self) -> bool:
+        """Nothing launched because a budget cap would be exceeded."""
+        if self.launched or self.invalid or self.retry_after is not None:
+            return False
+        return self.placement.budget_limited or (self.budget_skipped > 0 and not self.attempts)
+
+
+class Launcher:
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        ledger: BudgetLedger,
+        *,
+        settings: LaunchSettings,
+        health: Callable[[], Mapping[str, ProviderHealth]],
+        priorities: Mapping[str, int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._providers = dict(providers)
+        self.ledger = ledger
+        self._settings = settings
+        self._health = health
+        self._priorities = dict(priorities or {})
+        self._clock = clock
+        self._blocked: dict[str, float] = {}  # offer key or provider name -> until
+        self._avoided: dict[str, float] = {}  # offer key -> until (an instance was lost there)
+
+    def block(self, key: str, seconds: float) -> None:
+        """Skip an offer (or a whole provider) for a while: it said no capacity / no auth."""
+        self._blocked[key] = max(self._blocked.get(key, 0.0), self._clock() + seconds)
+
+    def avoid(self, key: str, seconds: float) -> None:
+        """Prefer other offers for a while: an instance was lost there.
+
+        Softer than ``block``: a pod's first attempt skips avoided offers (so the replacement
+        of a lost pod goes elsewhere if it can), its retries may use them (so a single-offer
+        setup recovers after one back-off instead of waiting out the cool-down).
+        """
+        self._avoided[key] = max(self._avoided.get(key, 0.0), self._clock() + seconds)
+
+    @staticmethod
+    def _current(entries: dict[str, float], now: float) -> frozenset[str]:
+        for key in [k for k, until in entries.items() if until <= now]:
+            del entries[key]
+        return frozenset(entries)
+
+    def blocked(self, *, include_avoided: bool = False) -> frozenset[str]:
+        now = self._clock()
+        hard = self._current(self._blocked, now)
+        return hard | self._current(self._avoided, now) if include_avoided else hard
+
+    def rank(
+        self,
+        request: PlacementRequest,
+        offers: list[Offer],
+        *,
+        namespace: str,
+        uid: str,
+        allow_avoided: bool = True,
+    ) -> Placement:
+        return place(
+            request,
+            offers,
+            blocked=self.blocked(include_avoided=not allow_avoided),
+            health=self._health(),
+            budget=self.ledger.view(namespace, excluding=uid),
+            priorities=self._priorities,
+            policy=self._settings.policy,
+        )
+
+    async def launch(
+        self,
+        spec: WorkloadSpec,
+        request: PlacementRequest,
+        offers: list[Offer],
+        *,
+        prefer: str | None = None,
+        allow_avoided: bool = True,
+    ) -> LaunchResult:
+        placement = self.rank(
+            request,
+            offers,
+            namespace=spec.namespace,
+            uid=spec.pod_uid,
+            allow_avoided=allow_avoided,
+        )
+        candidates = list(placement.candidates)
+        if prefer:
+            # Retrying after a 429/5xx: the same candidate first, if it still qualifies.
+            candidates.sort(key=lambda o: o.key != prefer)
+        attempts: list[Attempt] = []
+        budget_skipped = 0
+        walked = 0
+        for offer in candidates:
+            if walked >= self._settings.max_candidates:
+                break
+            blocked = self.blocked()
+            if offer.key in blocked or offer.provider in blocked:
+                # Blocked during this walk (an AuthFailed blocks the provider's other offers
+                # too): not a candidate any more, and it does not use up a place in the walk.
+                continue
+            walked += 1
+            if not self.ledger.reserve(
+                spec.pod_uid,
+                namespace=spec.namespace,
+                provider=offer.provider,
+                price=offer.price_per_hour,
+            ):
+                budget_skipped += 1  # a concurrent placement took the room meanwhile
+                continue
+            try:
+                instance = await self._providers[offer.provider].create(spec, offer)
+            except ProviderError as exc:
+                self.ledger.release(spec.pod_uid)
+                attempts.append(Attempt(offer, exc))
+                if isinstance(exc, CapacityUnavailable):
+                    self.block(offer.key, self._settings.capacity_block_seconds)
+                    continue
+                if isinstance(exc, AuthFailed):
+                    self.block(offer.provider, self._settings.auth_block_seconds)
+                    continue
+                if isinstance(exc, InvalidSpec):
+                    return LaunchResult(placement, tuple(attempts), invalid=exc)
+                wait = exc.retry_after if isinstance(exc, RateLimited) else None
+                return LaunchResult(placement, tuple(attempts), retry_after=wait or 0.0)
+            self.ledger.commit(
+                spec.pod_uid,
+                namespace=spec.namespace,
+                provider=offer.provider,
+                price=offer.price_per_hour,
+            )
+            return LaunchResult(placement, tuple(attempts), instance=instance, offer=offer)
+        return LaunchResult(placement, tuple(attempts), budget_skipped=budget_skipped)

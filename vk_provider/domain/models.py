@@ -1,0 +1,136 @@
+"""Provider-neutral domain models: what the agent asks of a provider and what it gets back.
+
+These are the only types an adapter speaks. They are frozen value objects with no Kubernetes
+or HTTP types in them.
+
+Invariants:
+- A ``WorkloadSpec`` carries the pod UID and the launch attempt; together they are the
+  idempotency key of a create (``request_id``), and every instance a provider makes carries
+  them (in its name, tags or labels) so the agent can find it again after a restart.
+- Secret values never appear in ``repr``/``str`` of any model here.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    """One environment variable; ``secret`` marks values that came from a Secret."""
+
+    name: str
+    value: str = field(repr=False)
+    secret: bool = False
+
+    def __repr__(self) -> str:
+        shown = "<redacted>" if self.secret else repr(self.value)
+        return f"EnvVar(name={self.name!r}, value={shown}, secret={self.secret})"
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    container_port: int
+    protocol: str = "TCP"
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """One container to run, translated once from the pod (``vk_provider.domain.workload``)."""
+
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container_name: str
+    image: str
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    env: tuple[EnvVar, ...] = ()
+    ports: tuple[Port, ...] = ()
+    working_dir: str | None = None
+    gpu_count: int = 0
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_gib: float = 0.0
+    cpu: float = 0.0
+    memory_bytes: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+    attempt: int = 0
+
+    @property
+    def request_id(self) -> str:
+        """Idempotency key of one launch: the same pod and attempt never makes two instances."""
+        return f"{self.pod_uid}.{self.attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """Something a provider can launch now, priced per hour for the whole instance."""
+
+    provider: str
+    sku: str
+    region: str
+    gpu_model: str | None
+    gpu_count: int
+    gpu_memory_gib: float
+    vcpus: float
+    memory_gib: float
+    price_per_hour: float
+    spot: bool = False
+    available: int = 1
+    startup_seconds: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}/{self.sku}/{self.region}"
+
+
+class InstanceState(enum.Enum):
+    """Where an instance is in its life, as the provider reports it."""
+
+    PENDING = "Pending"  # accepted, not running yet (provisioning, pulling, booting)
+    RUNNING = "Running"  # the container runs
+    EXITED = "Exited"  # the container ended on its own; ``exit_code`` says how
+    TERMINATING = "Terminating"  # we asked for termination and it is under way
+    TERMINATED = "Terminated"  # gone because we asked
+    LOST = "Lost"  # lost, preempted or failed by the provider, not by the container
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """A provider's view of one launched workload."""
+
+    provider: str
+    instance_id: str
+    pod_uid: str
+    attempt: int
+    state: InstanceState
+    offer_key: str = ""
+    exit_code: int | None = None
+    message: str = ""
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    ip: str | None = None
+    price_per_hour: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LogOptions:
+    """What `kubectl logs` asks for; providers honour what their capabilities say."""
+
+    tail_lines: int | None = None
+    follow: bool = False
+    timestamps: bool = False
+    since_seconds: int | None = None
+    limit_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """Optional features of a provider, read once at start-up."""
+
+    logs: bool = True
+    follow_logs: bool = False
+    log_timestamps: bool = False

@@ -1,0 +1,245 @@
+"""Choosing where a pod runs: a pure function from a request and offers to ranked candidates.
+
+``place()`` applies hard filters in a fixed order (``FILTERS``) and ranks what is left by
+price per hour after penalties — low availability, slow start-up, recent provider failures
+(``PlacementPolicy``) — cheapest first; ties are broken by raw price, provider priority and
+the offer key, so the same input always gives the same answer. When nothing fits, the
+result says which filter removed how many offers, so the pod's Event can say why.
+
+Invariants: no I/O, no clock. Provider health, blocked offers and the budget are passed in
+as data; every candidate satisfies every hard constraint, including the budget.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from vk_provider.domain.budget import BudgetView
+from vk_provider.domain.models import Offer, WorkloadSpec
+
+ANNOTATION_PREFIX = "vk-provider.io/"
+MAX_PRICE = ANNOTATION_PREFIX + "max-price"
+REGIONS = ANNOTATION_PREFIX + "regions"
+PROVIDERS = ANNOTATION_PREFIX + "providers"
+CAPACITY_TYPE = ANNOTATION_PREFIX + "capacity-type"
+
+
+class CapacityType(enum.Enum):
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+    ANY = "any"
+
+
+class InvalidRequest(ValueError):
+    """A placement annotation is malformed; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    gpu_count: int = 0
+    gpu_models: tuple[str, ...] = ()
+    min_gpu_memory_gib: float = 0.0
+    cpu: float = 0.0
+    memory_gib: float = 0.0
+    regions: tuple[str, ...] = ()
+    max_price_per_hour: float | None = None
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
+    providers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_workload(cls, spec: WorkloadSpec, annotations: Mapping[str, str]) -> PlacementRequest:
+        """Read the placement annotations of PRODUCT.md §6; raises ``InvalidRequest``."""
+        max_price: float | None = None
+        if MAX_PRICE in annotations:
+            field_name = f"metadata.annotations['{MAX_PRICE}']"
+            try:
+                max_price = float(annotations[MAX_PRICE])
+            except ValueError:
+                raise InvalidRequest(field_name, "must be a number of $/hour") from None
+            if not max_price >= 0:
+                raise InvalidRequest(field_name, "must be zero or more")
+        capacity = annotations.get(CAPACITY_TYPE, CapacityType.ON_DEMAND.value)
+        try:
+            capacity_type = CapacityType(capacity.strip())
+        except ValueError:
+            raise InvalidRequest(
+                f"metadata.annotations['{CAPACITY_TYPE}']",
+                "must be one of on-demand, spot, any",
+            ) from None
+        return cls(
+            gpu_count=spec.gpu_count,
+            gpu_models=spec.gpu_models,
+            min_gpu_memory_gib=spec.min_gpu_memory_gib,
+            cpu=spec.cpu,
+            memory_gib=spec.memory_bytes / 2**30,
+            regions=_split(annotations.get(REGIONS, "")),
+            max_price_per_hour=max_price,
+            capacity_type=capacity_type,
+            providers=_split(annotations.get(PROVIDERS, "")),
+        )
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def gpu_matches(wanted: str, offered: str | None) -> bool:
+    """``H100`` matches any H100 variant (``H100-SXM``); ``H100-SXM`` matches only itself."""
+    if offered is None:
+        return False
+    wanted_u, offered_u = wanted.upper(), offered.upper()
+    return offered_u == wanted_u or offered_u.startswith(wanted_u + "-")
+
+
+# Filters in the order they are applied; each removes offers for one reason.
+FILTERS: tuple[str, ...] = (
+    "provider",
+    "gpu-count",
+    "gpu-model",
+    "gpu-memory",
+    "cpu",
+    "memory",
+    "region",
+    "capacity-type",
+    "price",
+    "sold-out",
+    "provider-health",
+    "blocked",
+    "budget",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderHealth:
+    """What placement knows of a provider: may it be called, and how often it failed lately."""
+
+    callable: bool = True
+    recent_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementPolicy:
+    """Penalties, as fractions of the price, that make a cheap but risky offer rank lower."""
+
+    low_availability_penalty: float = 0.05  # the offer's last instance
+    startup_penalty_per_minute: float = 0.01
+    startup_penalty_cap: float = 0.20
+    failure_penalty: float = 0.10  # per recent provider failure
+    failure_penalty_cap: float = 0.50
+
+
+def score(offer: Offer, health: ProviderHealth, policy: PlacementPolicy) -> float:
+    """The price per hour after penalties; lower is better."""
+    penalty = 0.0
+    if offer.available <= 1:
+        penalty += policy.low_availability_penalty
+    penalty += min(
+        offer.startup_seconds / 60.0 * policy.startup_penalty_per_minute, policy.startup_penalty_cap
+    )
+    penalty += min(health.recent_failures * policy.failure_penalty, policy.failure_penalty_cap)
+    return offer.price_per_hour * (1.0 + penalty)
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    blocked: frozenset[str]
+    health: Mapping[str, ProviderHealth]
+    budget: BudgetView | None
+
+
+_HEALTHY = ProviderHealth()
+
+
+def _passes(name: str, request: PlacementRequest, offer: Offer, ctx: _Context) -> bool:
+    if name == "provider":
+        return not request.providers or offer.provider in request.providers
+    if name == "gpu-count":
+        if request.gpu_count == 0:
+            return offer.gpu_count == 0
+        return offer.gpu_count >= request.gpu_count
+    if name == "gpu-model":
+        return not request.gpu_models or any(
+            gpu_matches(m, offer.gpu_model) for m in request.gpu_models
+        )
+    if name == "gpu-memory":
+        return offer.gpu_memory_gib >= request.min_gpu_memory_gib
+    if name == "cpu":
+        return offer.vcpus >= request.cpu
+    if name == "memory":
+        return offer.memory_gib >= request.memory_gib
+    if name == "region":
+        return not request.regions or offer.region in request.regions
+    if name == "capacity-type":
+        if request.capacity_type is CapacityType.ANY:
+            return True
+        return offer.spot == (request.capacity_type is CapacityType.SPOT)
+    if name == "price":
+        limit = request.max_price_per_hour
+        return limit is None or offer.price_per_hour <= limit
+    if name == "sold-out":
+        return offer.available > 0
+    if name == "provider-health":
+        return ctx.health.get(offer.provider, _HEALTHY).callable
+    if name == "blocked":
+        return offer.key not in ctx.blocked and offer.provider not in ctx.blocked
+    if name == "budget":
+        return ctx.budget is None or ctx.budget.allows(offer.price_per_hour)
+    raise AssertionError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Ranked candidates (cheapest first), or why there are none."""
+
+    candidates: tuple[Offer, ...]
+    removed: tuple[tuple[str, int], ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.candidates)
+
+    @property
+    def budget_limited(self) -> bool:
+        """Nothing fits only because of a budget cap (BudgetExceeded, not NoCapacity)."""
+        return not self.candidates and dict(self.removed).get("budget", 0) > 0
+
+    def explain(self) -> str:
+        parts = [f"{count} by {name}" for name, count in self.removed if count]
+        if parts:
+            return ", ".join(parts)
+        # Nothing removed: either every known offer fits, or no offer was known at all.
+        return "none" if self.candidates else "no offers known"
+
+
+def place(
+    request: PlacementRequest,
+    offers: Iterable[Offer],
+    *,
+    blocked: frozenset[str] = frozenset(),
+    health: Mapping[str, ProviderHealth] | None = None,
+    budget: BudgetView | None = None,
+    priorities: Mapping[str, int] | None = None,
+    policy: PlacementPolicy = PlacementPolicy(),  # frozen, so one shared default is safe
+) -> Placement:
+    """Filter ``offers`` by ``request`` and rank them; see the module docstring."""
+    ctx = _Context(blocked=blocked, health=health or {}, budget=budget)
+    remaining: Sequence[Offer] = list(offers)
+    removed: list[tuple[str, int]] = []
+    for name in FILTERS:
+        kept = [o for o in remaining if _passes(name, request, o, ctx)]
+        removed.append((name, len(remaining) - len(kept)))
+        remaining = kept
+    prio = priorities or {}
+    states = ctx.health
+
+    def rank(offer: Offer) -> tuple[float, float, int, str]:
+        value = score(offer, states.get(offer.provider, _HEALTHY), policy)
+        return (value, offer.price_per_hour, -prio.get(offer.provider, 0), offer.key)
+
+    return Placement(candidates=tuple(sorted(remaining, key=rank)), removed=tuple(removed))

@@ -1,0 +1,325 @@
+"""The agent's configuration: one YAML file, validated once, passed explicitly.
+
+Every field has a documented default; unknown keys are errors; credentials are references
+(``env:VAR`` or ``file:/path``) resolved only when an adapter needs them, so the configuration
+object itself never holds a secret value.
+
+Invariants:
+- ``load_config`` either returns a fully valid ``AgentConfig`` or raises ``ConfigError`` whose
+  message names every offending field by its dotted path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
+
+from vk_provider.domain.node import NodeCaps
+from vk_provider.settings.providers import ProviderSettings
+from vk_provider.settings.secrets import ConfigError, SecretRef, Strict
+
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+class Taint(Strict):
+    key: str = Field(description="Taint key.")
+    value: str = Field("", description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        "NoSchedule", description="Taint effect."
+    )
+
+
+DEFAULT_TAINT = Taint(key="virtual-kubelet.io/provider", value="vk-provider", effect="NoSchedule")
+
+
+class NodeConfig(Strict):
+    name: str = Field("vk-gpu", description="Name of the virtual node.")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra node labels (the standard ones are always set)."
+    )
+    taints: list[Taint] = Field(
+        default_factory=lambda: [DEFAULT_TAINT],
+        description="Node taints; default virtual-kubelet.io/provider=vk-provider:NoSchedule.",
+    )
+    max_pods: int = Field(110, ge=1, le=10000, description="Pods the node admits at most.")
+    max_gpus: int = Field(64, ge=0, le=100000, description="Cap on advertised nvidia.com/gpu.")
+    max_cpu: int = Field(1024, ge=1, le=1_000_000, description="Cap on advertised vCPUs.")
+    max_memory_gib: int = Field(
+        8192, ge=1, le=10_000_000, description="Cap on advertised memory (GiB)."
+    )
+    address: str = Field(
+        "", description="InternalIP to advertise; default the kubelet API's listen address."
+    )
+
+    @property
+    def caps(self) -> NodeCaps:
+        return NodeCaps(
+            max_gpus=self.max_gpus,
+            max_cpu=self.max_cpu,
+            max_memory_gib=self.max_memory_gib,
+            max_pods=self.max_pods,
+        )
+
+    def taint_objects(self) -> list[dict[str, str]]:
+        """The configured taints as the Node API writes them."""
+        return [taint.model_dump() for taint in self.taints]
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NODE_NAME.match(value):
+            raise ValueError("must be a DNS subdomain (lowercase letters, digits, '-', '.')")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not _LABEL_KEY.match(key) or len(key) > 316:
+                raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
+        return value
+
+
+class IntervalsConfig(Strict):
+    lease_seconds: float = Field(10, gt=0, le=60, description="Node Lease renewal period.")
+    lease_duration_seconds: int = Field(40, ge=10, le=600, description="Lease duration.")
+    node_status_seconds: float = Field(30, gt=0, le=600, description="Node status refresh.")
+    pod_status_seconds: float = Field(2, gt=0, le=60, description="Running pods' status poll.")
+    offers_ttl_seconds: float = Field(30, gt=0, le=3600, description="Offer cache lifetime.")
+    restart_backoff_seconds: float = Field(
+        10, gt=0, le=300, description="First crash-loop back-off; doubles up to 300 s."
+    )
+    retry_backoff_seconds: float = Field(
+        5, gt=0, le=300, description="First retry of an unplaceable pod; doubles up to 300 s."
+    )
+    orphan_grace_seconds: float = Field(
+        20, ge=0, le=3600, description="How long an instance without a pod lives before it goes."
+    )
+    retry_backoff_max_seconds: float = Field(
+        60, gt=0, le=3600, description="Longest wait between retries of an unplaceable pod."
+    )
+    instance_lost_cooldown_seconds: float = Field(
+        300, ge=0, description="How long an offer whose instance was lost is avoided."
+    )
+
+
+class _Listener(Strict):
+    """A server's ``listen: host:port`` (port 0 picks a free one)."""
+
+    listen: str
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("must be host:port")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+class KubeletApiConfig(_Listener):
+    listen: str = Field("0.0.0.0:10250", description="host:port of the kubelet API (TLS).")
+    tls_cert_file: Path | None = Field(
+        None, description="Serving certificate; a self-signed one is made when absent."
+    )
+    tls_key_file: Path | None = Field(None, description="Key of the serving certificate.")
+    client_ca_file: Path | None = Field(
+        None,
+        description="CA for client certificates; default the in-cluster service-account CA.",
+    )
+
+
+class RestApiConfig(_Listener):
+    """The REST API (provider status, offers, pods, spend, metrics)."""
+
+    listen: str = Field("0.0.0.0:8080", description="host:port of the REST API (HTTP).")
+    static_token: SecretRef | None = Field(
+        None,
+        description="Development: a bearer token, by reference. Without it, tokens are "
+        "checked with a Kubernetes TokenReview.",
+    )
+    open_metrics: bool = Field(True, description="Serve /metrics without a token.")
+
+
+class BudgetConfig(Strict):
+    """Caps on what the virtual node may cost, in $/hour of running instances."""
+
+    global_per_hour: float | None = Field(None, ge=0, description="Cap for everything; none.")
+    namespaces: dict[str, float] = Field(
+        default_factory=dict, description="Cap per namespace ($/hour); unlisted use the default."
+    )
+    default_namespace_per_hour: float | None = Field(
+        None, ge=0, description="Cap for namespaces not listed; none means no cap."
+    )
+
+    @field_validator("namespaces")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
+        for namespace, cap in value.items():
+            if cap < 0:
+                raise ValueError(f"cap of namespace {namespace!r} must be zero or more")
+        return value
+
+
+class PlacementConfig(Strict):
+    """How offers are ranked and how launch failures are handled."""
+
+    max_candidates: int = Field(5, ge=1, le=50, description="Offers tried per placement.")
+    capacity_block_seconds: float = Field(
+        120, ge=0, description="How long an offer that reported no capacity is skipped."
+    )
+    auth_block_seconds: float = Field(
+        600, ge=0, description="How long a provider that refused credentials is skipped."
+    )
+    breaker_threshold: int = Field(
+        5, ge=1, le=100, description="Consecutive provider failures that open its breaker."
+    )
+    breaker_cooldown_seconds: float = Field(
+        30, gt=0, le=3600, description="How long an open breaker waits before probing."
+    )
+    low_availability_penalty: float = Field(0.05, ge=0, le=1, description="Price penalty.")
+    startup_penalty_per_minute: float = Field(0.01, ge=0, le=1, description="Price penalty.")
+    failure_penalty: float = Field(0.10, ge=0, le=1, description="Per recent failure.")
+
+
+class AgentConfig(Strict):
+    node: NodeConfig = Field(default_factory=NodeConfig, description="The virtual node.")
+    providers: list[SerializeAsAny[ProviderSettings]] = Field(
+        description="Provider adapters, at least one; each entry is validated by the settings "
+        "model of its `type` (see the provider registry)."
+    )
+    intervals: IntervalsConfig = Field(default_factory=IntervalsConfig, description="Timings.")
+    kubelet_api: KubeletApiConfig = Field(
+        default_factory=KubeletApiConfig, description="The kubelet API (logs)."
+    )
+    workers: int = Field(16, ge=1, le=256, description="Pods synchronised concurrently.")
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, description="Spending caps.")
+    rest: RestApiConfig = Field(default_factory=RestApiConfig, description="The REST API.")
+    placement: PlacementConfig = Field(
+        default_factory=PlacementConfig, description="Ranking and failover."
+    )
+
+    @model_validator(mode="after")
+    def _unique_providers(self) -> AgentConfig:
+        if not self.providers:
+            raise ValueError("providers: at least one provider is required")
+        names = [p.name for p in self.providers]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"providers: name {name!r} appears more than once")
+        return self
+
+
+def _field_path(location: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in location:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path or "(top level)"
+
+
+def format_validation_error(
+    error: ValidationError, *, prefix: tuple[int | str, ...] = ()
+) -> list[str]:
+    """One line per error, each naming its field by dotted path (``providers[0].api_key``)."""
+    lines = []
+    for item in error.errors():
+        location = (*prefix, *item["loc"])
+        if location and location[-1] == "ref":  # SecretRef's inner field: name the outer one
+            location = location[:-1]
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        if not item["loc"] and re.match(r"^[\w.\[\]]+: ", message):
+            # A model-level check that already names its field (relative to the model).
+            head = _field_path(prefix)
+            lines.append(message if not prefix else f"{head}.{message}")
+        else:
+            lines.append(f"{_field_path(location)}: {message}")
+    return lines
+
+
+ProviderTypes = Mapping[str, type[ProviderSettings]]
+"""Provider type name -> its settings model (from the provider registry)."""
+
+
+def _provider_entries(raw: object, types: ProviderTypes) -> tuple[list[object], list[str]]:
+    """Each provider entry validated by the model of its ``type``; errors name the field."""
+    if not isinstance(raw, list):
+        return ([] if raw is None else [raw]), []  # AgentConfig reports the shape
+    entries: list[object] = []
+    errors: list[str] = []
+    known = ", ".join(sorted(types)) or "none"
+    for index, entry in enumerate(raw):
+        where = f"providers[{index}]"
+        if not isinstance(entry, Mapping):
+            errors.append(f"{where}: must be a mapping with a type and a name")
+            continue
+        kind = entry.get("type")
+        if not isinstance(kind, str) or not kind:
+            errors.append(f"{where}.type: is required (one of {known})")
+            continue
+        model = types.get(kind)
+        if model is None:
+            errors.append(
+                f"{where}.type: unknown provider type {kind!r} (known: {known}; a third-party "
+                "type is found once its package is installed)"
+            )
+            continue
+        try:
+            entries.append(model.model_validate(entry))
+        except ValidationError as exc:
+            errors.extend(format_validation_error(exc, prefix=("providers", index)))
+    return entries, errors
+
+
+def parse_config(data: object, provider_types: ProviderTypes) -> AgentConfig:
+    """Validate a whole configuration; ``ConfigError`` lists every offending field."""
+    if not isinstance(data, Mapping):
+        raise ConfigError("expected a mapping at the top level")
+    entries, errors = _provider_entries(data.get("providers"), provider_types)
+    try:
+        config = AgentConfig.model_validate({**data, "providers": entries})
+    except ValidationError as exc:
+        # Provider entries that failed their own model are already reported above.
+        errors.extend(
+            line
+            for line in format_validation_error(exc)
+            if not (errors and line.startswith("providers: at least one"))
+        )
+        raise ConfigError("\n".join(errors)) from None
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return config
+
+
+def load_config(path: Path, provider_types: ProviderTypes) -> AgentConfig:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return parse_config(data, provider_types)

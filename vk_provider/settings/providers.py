@@ -1,0 +1,86 @@
+"""What a provider type brings to the agent: its settings model and a factory.
+
+A provider *type* (``local``, ``runpod``, or a third party's ``acme``) is one ``ProviderType``:
+the pydantic model its configuration entries are validated with, and a function that builds
+the adapter from a validated entry. Built-in types and third-party ones are registered the
+same way (``vk_provider.runtime.registry``); third-party packages publish their
+``ProviderType`` under the entry-point group ``vk_provider.providers``::
+
+    [project.entry-points."vk_provider.providers"]
+    acme = "acme_vk.plugin:PROVIDER_TYPE"
+
+Invariants:
+- Every settings model derives from ``ProviderSettings``: ``type``, ``name`` and ``priority``
+  mean the same for every provider, everything else is the type's own.
+- Building an adapter is the only place a credential is resolved (``SecretRef.resolve``);
+  the settings object itself never holds a secret value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from vk_provider.domain.contract import Provider
+from vk_provider.settings.secrets import Strict
+
+_PROVIDER_NAME_MAX = 63
+
+
+class ProviderSettings(Strict):
+    """Fields every provider entry has, whatever its type."""
+
+    type: str = Field(description="Provider type (local, runpod, lambda, modal, kubernetes, ...).")
+    name: str = Field(description="Provider name, unique in this agent.")
+    priority: int = Field(0, description="Higher is preferred when prices tie.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not value or len(value) > _PROVIDER_NAME_MAX:
+            raise ValueError(f"must be 1 to {_PROVIDER_NAME_MAX} characters")
+        return value
+
+
+class CloudProviderSettings(ProviderSettings):
+    """Fields every real cloud provider shares."""
+
+    regions: list[str] = Field(
+        default_factory=list, description="Regions (or data centres) to use; empty means all."
+    )
+    max_price_per_hour: float | None = Field(
+        None, ge=0, description="Never launch an instance dearer than this ($/hour)."
+    )
+    max_gpus: int = Field(64, ge=0, description="Most GPUs to run on this provider at once.")
+    timeout_seconds: float = Field(30, gt=0, le=300, description="Per-request timeout.")
+
+
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    """What the agent gives a factory besides the provider's own settings."""
+
+    state_dir: Path  # a directory of this provider's own, for anything it keeps on disk
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderType:
+    """One provider type: the ``type`` name in the configuration, its settings, its factory.
+
+    ``build`` is called only with an instance of ``settings`` (``create`` checks it), so a
+    factory may be typed on its own settings class.
+    """
+
+    name: str
+    settings: type[ProviderSettings]
+    build: Callable[[Any, BuildContext], Provider]
+    description: str = ""
+
+    def create(self, settings: ProviderSettings, context: BuildContext) -> Provider:
+        """Build the adapter for ``settings`` (an instance of ``self.settings``)."""
+        if not isinstance(settings, self.settings):
+            raise TypeError(f"{self.name}: settings of type {type(settings).__name__}")
+        return self.build(settings, context)
