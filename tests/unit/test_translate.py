@@ -14,10 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
+from vk_provider.domain.quantity import parse_quantity
 from vk_provider.domain.workload import (
     InvalidPodSpec,
     ObjectRefs,
-    parse_quantity,
     references,
     to_workload,
 )

@@ -68,6 +68,7 @@ from vk_provider.domain.podview import (
     parse_time,
     pod_key,
 )
+from vk_provider.domain.quantity import parse_quantity
 from vk_provider.domain.reconcile import (
     Action,
     Adopt,
@@ -80,7 +81,6 @@ from vk_provider.domain.reconcile import (
 from vk_provider.domain.workload import (
     GPU_RESOURCE,
     InvalidPodSpec,
-    parse_quantity,
     references,
     to_workload,
 )

@@ -43,41 +43,17 @@ import binascii
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import MAX_EMAX, MIN_EMIN, ROUND_CEILING, Decimal, Inexact, Rounded, localcontext
+from decimal import Decimal
 from typing import Any, Final
 
 from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
+from vk_provider.domain.quantity import GIB, MAX_QUANTITY, ceil_int, parse_quantity, scaled_ceil
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 GPU_MODELS_ANNOTATION: Final = "vk-provider.io/gpu"
 MIN_GPU_MEMORY_ANNOTATION: Final = "vk-provider.io/min-gpu-memory"
 
 _CONTAINER: Final = "spec.containers[0]"
-# Kubernetes quantities are capped at int64; anything larger is refused rather than computed.
-_MAX_QUANTITY: Final = Decimal(2**63 - 1)
-_INT32_MAX: Final = 2**31 - 1
-_GIB: Final = Decimal(2**30)
-
-# <sign><number><suffix>; the suffix is a binary SI unit, a decimal SI unit or a decimal exponent.
-# The exponent alternative comes first so that "1E3" is 1000 while a bare "1E" is one exa.
-_QUANTITY: Final = re.compile(
-    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-    r"(?P<suffix>[eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?"
-)
-_BINARY_SUFFIXES: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL_SUFFIXES: Final = {
-    "n": -9,
-    "u": -6,
-    "m": -3,
-    "": 0,
-    "k": 3,
-    "M": 6,
-    "G": 9,
-    "T": 12,
-    "P": 15,
-    "E": 18,
-}
-
 # kubelet's utilvalidation.IsEnvVarName, used to skip envFrom keys that cannot be variables.
 _ENV_VAR_NAME: Final = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 _GPU_MODEL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -108,54 +84,6 @@ class ObjectRefs:
     config_maps: frozenset[str] = frozenset()
 
 
-# --------------------------------------------------------------------------- quantities
-
-
-def parse_quantity(text: str) -> Decimal:
-    """Parse a Kubernetes resource quantity exactly (``500m``, ``1.5Gi``, ``2``, ``1e3``, ``-1k``).
-
-    Accepts binary SI suffixes (Ki … Ei), decimal SI suffixes (n u m k M G T P E) and decimal
-    exponents (``e``/``E`` followed by a signed integer in int32 range, as Kubernetes parses it).
-    Raises ``ValueError`` on anything else, including the empty string and whitespace.
-    """
-    if not isinstance(text, str):
-        raise ValueError(f"a quantity must be a string, not {type(text).__name__}")
-    match = _QUANTITY.fullmatch(text)
-    if match is None:
-        raise ValueError(f"{text!r} is not a quantity (examples: 500m, 2, 1.5Gi, 40G, 1e3)")
-    sign = "-" if match["sign"] == "-" else ""
-    number = match["number"]
-    suffix = match["suffix"] or ""
-    if suffix in _BINARY_SUFFIXES:
-        # Exact: the precision covers every digit of the number times 2**60.
-        with localcontext() as ctx:
-            ctx.prec = len(number) + 25
-            ctx.Emin, ctx.Emax = MIN_EMIN, MAX_EMAX
-            ctx.traps[Inexact] = True
-            ctx.traps[Rounded] = True
-            return Decimal(sign + number) * (1 << (10 * _BINARY_SUFFIXES[suffix]))
-    if suffix in _DECIMAL_SUFFIXES:
-        exponent = _DECIMAL_SUFFIXES[suffix]
-    else:
-        exponent = int(suffix[1:])
-        if abs(exponent) > _INT32_MAX:
-            raise ValueError(f"{text!r} is not a quantity: the exponent is out of range")
-    # Building from a string is exact whatever the decimal context says.
-    return Decimal(f"{sign}{number}e{exponent}")
-
-
-def _ceil(value: Decimal) -> int:
-    """The smallest integer >= ``value``; the caller has bounded ``value``."""
-    return int(value.to_integral_value(rounding=ROUND_CEILING))
-
-
-def _scaled_ceil(value: Decimal, power_of_ten: int) -> int:
-    """``ceil(value * 10**power_of_ten)``, exactly, for a bounded ``value``."""
-    sign, digits, exponent = value.as_tuple()
-    assert isinstance(exponent, int)  # bounded quantities are finite
-    return _ceil(Decimal((sign, digits, exponent + power_of_ten)))
-
-
 def _field_for(parent: str, key: str) -> str:
     """``parent.key`` for plain keys, ``parent['key']`` for keys with dots or slashes."""
     if re.fullmatch(r"[A-Za-z][-A-Za-z0-9]*", key):
@@ -173,7 +101,7 @@ def _quantity(raw: object, field: str) -> Decimal:
         raise InvalidPodSpec(field, str(exc)) from exc
     if value < 0:
         raise InvalidPodSpec(field, f"{raw!r} must not be negative")
-    if value > _MAX_QUANTITY:
+    if value > MAX_QUANTITY:
         raise InvalidPodSpec(field, f"{raw!r} is too large (at most 2^63-1)")
     return value
 
@@ -606,7 +534,7 @@ def _cpu(resources: Mapping[str, Any]) -> float:
 
 
 def _memory_bytes(resources: Mapping[str, Any]) -> int:
-    return _ceil(_request_or_limit(resources, "memory"))
+    return ceil_int(_request_or_limit(resources, "memory"))
 
 
 def _gpu_count(resources: Mapping[str, Any]) -> int:
@@ -649,7 +577,7 @@ def _min_gpu_memory_gib(annotations: Mapping[str, str]) -> float:
     if raw is None:
         return 0.0
     field = f"metadata.annotations['{MIN_GPU_MEMORY_ANNOTATION}']"
-    return float(_quantity(raw.strip(), field) / _GIB)
+    return float(_quantity(raw.strip(), field) / GIB)
 
 
 # --------------------------------------------------------------------------- environment
@@ -865,9 +793,9 @@ def _resource_field_ref(context: _Context, ref: Mapping[str, Any], field: str) -
     if divisor == 0:  # kubelet treats a zero divisor as unset
         divisor = Decimal(1)
     if name == "cpu":
-        result = -(-_scaled_ceil(value, 3) // _scaled_ceil(divisor, 3))
+        result = -(-scaled_ceil(value, 3) // scaled_ceil(divisor, 3))
     else:
-        result = -(-_ceil(value) // _ceil(divisor))
+        result = -(-ceil_int(value) // ceil_int(divisor))
     return str(result)
 
 
