@@ -4,7 +4,8 @@ For tests of the controllers (on simulated time) and for benchmarks that measure
 rather than a cloud. A test steers it directly: ``exit`` ends an instance's container with an
 exit code, ``lose`` makes the provider lose it, ``fail_next`` makes the next call of one
 operation raise a given error, and ``terminate_seconds`` makes termination take time (the
-instance reports TERMINATING until then).
+instance reports TERMINATING until then), and ``lost_deletes`` makes a termination stall
+(TERMINATING for ever, until it is asked for again), as a cloud that lost a delete does.
 
 Invariants:
 - Idempotent create by ``spec.request_id``; ``capacity`` per offer counts live instances.
@@ -69,6 +70,7 @@ class MemoryProvider:
         self._records: dict[str, _Record] = {}
         self._failures: dict[str, list[ProviderError]] = {}
         self.terminate_seconds = 0.0
+        self.lost_deletes = 0  # the next N deletes are accepted and then never carried out
         self.calls: dict[str, int] = {}
 
     @property
@@ -174,12 +176,20 @@ class MemoryProvider:
         if record is None:
             return
         state = self._refresh(record).state
-        if state in (InstanceState.PENDING, InstanceState.RUNNING) and self.terminate_seconds > 0:
-            record.terminate_at = self._clock() + self.terminate_seconds
+        stalled = state is InstanceState.TERMINATING and record.terminate_at is None
+        if self.lost_deletes > 0 and state in _LIVE:
+            # A cloud that says "terminating" and then forgets to: only a new request helps.
+            self.lost_deletes -= 1
+            record.terminate_at = None
             record.instance = replace(record.instance, state=InstanceState.TERMINATING)
             return
-        if state is InstanceState.TERMINATING:
-            return
+        if state in (InstanceState.PENDING, InstanceState.RUNNING) or stalled:
+            if self.terminate_seconds > 0:
+                record.terminate_at = self._clock() + self.terminate_seconds
+                record.instance = replace(record.instance, state=InstanceState.TERMINATING)
+                return
+        elif state is InstanceState.TERMINATING:
+            return  # under way
         del self._records[instance_id]
 
     async def list_ours(self) -> list[Instance]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from vk_provider.controllers.launch import Launcher, LaunchResult, LaunchSettings
+from vk_provider.controllers.launch import Launcher, LaunchResult
 from vk_provider.domain.budget import BudgetCaps, BudgetLedger
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
@@ -33,6 +33,7 @@ from vk_provider.domain.models import (
     WorkloadSpec,
 )
 from vk_provider.domain.placement import PlacementRequest, ProviderHealth
+from vk_provider.settings.agent import PlacementConfig
 
 
 class FakeClock:
@@ -160,7 +161,7 @@ class Rig:
 def rig(
     *providers: ScriptedProvider,
     caps: BudgetCaps | None = None,
-    settings: LaunchSettings | None = None,
+    settings: PlacementConfig | None = None,
 ) -> Rig:
     clock = FakeClock()
     ledger = BudgetLedger(caps or BudgetCaps(), clock=clock)
@@ -170,7 +171,7 @@ def rig(
     launcher = Launcher(
         as_providers,
         ledger,
-        settings=settings or LaunchSettings(),
+        settings=settings or PlacementConfig(),
         health=lambda: health,
         clock=clock,
     )
@@ -182,7 +183,7 @@ def two_providers(
     beta: Mapping[str, list[ProviderError | None]] | None = None,
     *,
     caps: BudgetCaps | None = None,
-    settings: LaunchSettings | None = None,
+    settings: PlacementConfig | None = None,
 ) -> Rig:
     return rig(
         ScriptedProvider("alpha", alpha),
@@ -278,7 +279,7 @@ async def test_nothing_launches_when_every_candidate_is_out_of_capacity() -> Non
 async def test_at_most_max_candidates_are_tried() -> None:
     full: list[ProviderError | None] = [CapacityUnavailable("full")]
     r = two_providers(
-        alpha={A1.key: full, A2.key: list(full)}, settings=LaunchSettings(max_candidates=2)
+        alpha={A1.key: full, A2.key: list(full)}, settings=PlacementConfig(max_candidates=2)
     )
     result = await r.launcher.launch(spec(), REQUEST, OFFERS)
     assert r.calls() == [A1.key, A2.key]
@@ -309,7 +310,7 @@ async def test_prefer_of_a_blocked_offer_is_ignored() -> None:
 
 
 async def test_capacity_block_expires_with_the_clock() -> None:
-    settings = LaunchSettings(capacity_block_seconds=120.0)
+    settings = PlacementConfig(capacity_block_seconds=120.0)
     r = two_providers(alpha={A1.key: [CapacityUnavailable("full")]}, settings=settings)
     await r.launcher.launch(spec("p1"), REQUEST, OFFERS)
     r.clock.advance(119.0)
@@ -323,7 +324,7 @@ async def test_capacity_block_expires_with_the_clock() -> None:
 
 
 async def test_auth_block_covers_every_offer_of_the_provider_until_it_expires() -> None:
-    settings = LaunchSettings(auth_block_seconds=600.0)
+    settings = PlacementConfig(auth_block_seconds=600.0)
     r = two_providers(alpha={A1.key: [AuthFailed("key revoked")]}, settings=settings)
     first = await r.launcher.launch(spec("p1"), REQUEST, OFFERS)
     assert first.offer == B1

@@ -8,11 +8,11 @@ from vk_provider.domain.models import Offer
 from vk_provider.domain.node import (
     NodeResources,
     merged_taints,
-    micro_time,
     node_capacity,
     node_labels,
     node_status,
 )
+from vk_provider.domain.podview import micro_time
 from vk_provider.settings.agent import NodeConfig, Taint
 
 

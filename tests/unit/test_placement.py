@@ -23,13 +23,8 @@ from hypothesis import strategies as st
 from vk_provider.domain.budget import BudgetView
 from vk_provider.domain.models import Offer, WorkloadSpec
 from vk_provider.domain.placement import (
-    CAPACITY_TYPE,
     FILTERS,
-    MAX_PRICE,
-    PROVIDERS,
-    REGIONS,
     CapacityType,
-    InvalidRequest,
     Placement,
     PlacementPolicy,
     PlacementRequest,
@@ -37,6 +32,9 @@ from vk_provider.domain.placement import (
     gpu_matches,
     place,
 )
+from vk_provider.domain.podspec import InvalidPodSpec
+from vk_provider.domain.podview import ANN_CAPACITY_TYPE, ANN_MAX_PRICE, ANN_PROVIDERS, ANN_REGIONS
+from vk_provider.domain.workload import placement_request
 
 T = TypeVar("T")
 
@@ -446,7 +444,7 @@ def spec(**fields: object) -> WorkloadSpec:
 
 
 def test_from_workload_defaults_and_resources() -> None:
-    request = PlacementRequest.from_workload(
+    request = placement_request(
         spec(
             gpu_count=2,
             gpu_models=("H100", "A100-80GB"),
@@ -472,23 +470,23 @@ def test_from_workload_defaults_and_resources() -> None:
 @pytest.mark.parametrize(
     ("annotations", "expected"),
     [
-        ({MAX_PRICE: "2.5"}, {"max_price_per_hour": 2.5}),
-        ({MAX_PRICE: " 3 "}, {"max_price_per_hour": 3.0}),
-        ({MAX_PRICE: "0"}, {"max_price_per_hour": 0.0}),
-        ({REGIONS: "us-east-1, eu-ro-1,,"}, {"regions": ("us-east-1", "eu-ro-1")}),
-        ({REGIONS: ""}, {"regions": ()}),
-        ({PROVIDERS: "runpod,lambda"}, {"providers": ("runpod", "lambda")}),
-        ({PROVIDERS: " , local "}, {"providers": ("local",)}),
-        ({CAPACITY_TYPE: "spot"}, {"capacity_type": CapacityType.SPOT}),
-        ({CAPACITY_TYPE: " any "}, {"capacity_type": CapacityType.ANY}),
-        ({CAPACITY_TYPE: "on-demand"}, {"capacity_type": CapacityType.ON_DEMAND}),
+        ({ANN_MAX_PRICE: "2.5"}, {"max_price_per_hour": 2.5}),
+        ({ANN_MAX_PRICE: " 3 "}, {"max_price_per_hour": 3.0}),
+        ({ANN_MAX_PRICE: "0"}, {"max_price_per_hour": 0.0}),
+        ({ANN_REGIONS: "us-east-1, eu-ro-1,,"}, {"regions": ("us-east-1", "eu-ro-1")}),
+        ({ANN_REGIONS: ""}, {"regions": ()}),
+        ({ANN_PROVIDERS: "runpod,lambda"}, {"providers": ("runpod", "lambda")}),
+        ({ANN_PROVIDERS: " , local "}, {"providers": ("local",)}),
+        ({ANN_CAPACITY_TYPE: "spot"}, {"capacity_type": CapacityType.SPOT}),
+        ({ANN_CAPACITY_TYPE: " any "}, {"capacity_type": CapacityType.ANY}),
+        ({ANN_CAPACITY_TYPE: "on-demand"}, {"capacity_type": CapacityType.ON_DEMAND}),
         ({"vk-provider.io/unrelated": "x"}, {}),
     ],
 )
 def test_from_workload_reads_annotations(
     annotations: Mapping[str, str], expected: dict[str, object]
 ) -> None:
-    request = PlacementRequest.from_workload(spec(), annotations)
+    request = placement_request(spec(), annotations)
     defaults = PlacementRequest()
     for name in ("max_price_per_hour", "regions", "providers", "capacity_type"):
         assert getattr(request, name) == expected.get(name, getattr(defaults, name)), name
@@ -497,19 +495,22 @@ def test_from_workload_reads_annotations(
 @pytest.mark.parametrize(
     ("annotation", "value"),
     [
-        (MAX_PRICE, "cheap"),
-        (MAX_PRICE, "$2"),
-        (MAX_PRICE, "-0.5"),
-        (MAX_PRICE, "nan"),
-        (MAX_PRICE, ""),
-        (CAPACITY_TYPE, "reserved"),
-        (CAPACITY_TYPE, ""),
-        (CAPACITY_TYPE, "ondemand"),
+        (ANN_MAX_PRICE, "cheap"),
+        (ANN_MAX_PRICE, "$2"),
+        (ANN_MAX_PRICE, "-0.5"),
+        (ANN_MAX_PRICE, "nan"),
+        (ANN_MAX_PRICE, ""),
+        (ANN_CAPACITY_TYPE, "reserved"),
+        (ANN_CAPACITY_TYPE, ""),
+        (ANN_CAPACITY_TYPE, "ondemand"),
+        (ANN_MAX_PRICE, "inf"),
+        (ANN_REGIONS, "us east"),
+        (ANN_PROVIDERS, "run;pod"),
     ],
 )
 def test_from_workload_rejects_malformed_annotations(annotation: str, value: str) -> None:
-    with pytest.raises(InvalidRequest) as caught:
-        PlacementRequest.from_workload(spec(), {annotation: value})
+    with pytest.raises(InvalidPodSpec) as caught:
+        placement_request(spec(), {annotation: value})
     assert caught.value.field == f"metadata.annotations['{annotation}']"
     assert str(caught.value).startswith(caught.value.field + ": ")
 

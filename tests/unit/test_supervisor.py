@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from vk_provider.runtime.agent import AgentFailed, supervise
+from vk_provider.runtime.supervisor import AgentFailed, supervise
 
 
 async def test_a_dying_root_task_is_named_and_the_others_are_cancelled() -> None:

@@ -13,14 +13,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vk_provider.domain.env import ObjectRefs, references
 from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
+from vk_provider.domain.podspec import InvalidPodSpec
 from vk_provider.domain.quantity import parse_quantity
-from vk_provider.domain.workload import (
-    InvalidPodSpec,
-    ObjectRefs,
-    references,
-    to_workload,
-)
+from vk_provider.domain.workload import to_workload
 
 NODE = "vk-node"
 HOST_IP = "10.0.0.5"

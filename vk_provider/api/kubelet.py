@@ -634,6 +634,15 @@ class KubeletApiServer:
             self.port = int(runner.addresses[0][1])
         logger.info("kubelet API: serving on %s:%d", self.host, self.port)
 
+    async def serve(self) -> None:
+        """A supervisor root: serve until cancelled, then stop."""
+        if self._runner is None:
+            raise RuntimeError("kubelet API server not started")
+        try:
+            await asyncio.Event().wait()  # aiohttp serves from the loop; this only holds on
+        finally:
+            await self.stop()
+
     async def stop(self) -> None:
         """Stop accepting, cancel open log streams, give other requests a short grace."""
         runner, self._runner = self._runner, None

@@ -738,6 +738,16 @@ class RestServer:
             raise
         return sock
 
+    async def serve(self) -> None:
+        """A supervisor root: serve until cancelled (then stop), or until uvicorn dies."""
+        task = self._task
+        if task is None:
+            raise RuntimeError("REST API server not started")
+        try:
+            await asyncio.shield(task)
+        finally:
+            await self.stop()
+
     async def stop(self) -> None:
         """Stop accepting, let open requests finish for a short grace, then cancel."""
         server, task = self._server, self._task

@@ -189,7 +189,8 @@ def run(
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
 ) -> None:
     """Run the agent: register the virtual node and run its pods through the providers."""
-    from vk_provider.runtime.agent import AgentFailed, run_agent
+    from vk_provider.runtime.agent import run_agent
+    from vk_provider.runtime.supervisor import AgentFailed
 
     try:
         registry = Registry.default()

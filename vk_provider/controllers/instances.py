@@ -58,6 +58,10 @@ class InstanceTracker:
         """Record what a create/get just returned, so the next poll compares against it."""
         self._snapshots.setdefault(instance.provider, {})[instance.instance_id] = instance
 
+    def forget(self, provider: str, instance_id: str) -> None:
+        """The instance was released: until a poll lists it again, it is not known."""
+        self._snapshots.get(provider, {}).pop(instance_id, None)
+
     async def _poll_one(self, name: str) -> None:
         try:
             listed = await asyncio.wait_for(self._providers[name].list_ours(), self._timeout)

@@ -1,9 +1,11 @@
 """Launching a pod's workload: placement, budget reservation and failover across offers.
 
-``Launcher.launch`` ranks the offers with ``place()`` (pure) and walks the candidates, at most
-``max_candidates`` of them, reserving each one's price in the budget ledger before calling
-the provider. The outcome is data (``LaunchResult``) that the pod controller turns into
-annotations, status and Events; every failed attempt is listed in it.
+``Launcher.launch`` is the only create path of the agent: a pod's first launch and every
+relaunch of a crash-looping container go through it. It ranks the offers with ``place()``
+(pure) and walks the candidates, at most ``max_candidates`` of them (a relaunch, or a retry
+after a 429, tries its previous offer first), reserving each one's price in the budget
+ledger before calling the provider. The outcome is data (``LaunchResult``) that the pod
+controller turns into annotations, status and Events; every failed attempt is listed in it.
 
 Failover rules (PRODUCT.md §7), one per error class:
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vk_provider.domain.budget import BudgetLedger
 from vk_provider.domain.contract import Provider
@@ -35,21 +37,8 @@ from vk_provider.domain.errors import (
     RateLimited,
 )
 from vk_provider.domain.models import Instance, Offer, WorkloadSpec
-from vk_provider.domain.placement import (
-    Placement,
-    PlacementPolicy,
-    PlacementRequest,
-    ProviderHealth,
-    place,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchSettings:
-    max_candidates: int = 5
-    capacity_block_seconds: float = 120.0
-    auth_block_seconds: float = 600.0
-    policy: PlacementPolicy = field(default_factory=PlacementPolicy)
+from vk_provider.domain.placement import Placement, PlacementRequest, ProviderHealth, place
+from vk_provider.settings.agent import PlacementConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +77,7 @@ class Launcher:
         providers: Mapping[str, Provider],
         ledger: BudgetLedger,
         *,
-        settings: LaunchSettings,
+        settings: PlacementConfig,
         health: Callable[[], Mapping[str, ProviderHealth]],
         priorities: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -105,6 +94,10 @@ class Launcher:
     def block(self, key: str, seconds: float) -> None:
         """Skip an offer (or a whole provider) for a while: it said no capacity / no auth."""
         self._blocked[key] = max(self._blocked.get(key, 0.0), self._clock() + seconds)
+
+    def capacity_freed(self, offer_key: str) -> None:
+        """An instance of ``offer_key`` ended: its "no capacity" block no longer holds."""
+        self._blocked.pop(offer_key, None)
 
     def avoid(self, key: str, seconds: float) -> None:
         """Prefer other offers for a while: an instance was lost there.

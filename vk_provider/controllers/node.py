@@ -24,13 +24,13 @@ from vk_provider.controllers.offers import OfferBook
 from vk_provider.domain.node import (
     build_node,
     merged_taints,
-    micro_time,
     node_capacity,
     node_labels,
     node_status,
 )
+from vk_provider.domain.podview import micro_time
 from vk_provider.kube.client import JSON, ConflictError, KubeClient
-from vk_provider.settings.agent import NodeConfig
+from vk_provider.settings.agent import IntervalsConfig, NodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,9 @@ class NodeController:
         config: NodeConfig,
         offers: OfferBook,
         *,
+        intervals: IntervalsConfig,
         address: str,
         kubelet_port: int,
-        lease_seconds: float,
-        lease_duration_seconds: int,
-        status_seconds: float,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         on_lease_failure: Callable[[], None] = lambda: None,
         responsive: Callable[[float], set[str]] | None = None,
@@ -70,9 +68,7 @@ class NodeController:
         self._offers = offers
         self._address = address
         self.kubelet_port = kubelet_port
-        self._lease_seconds = lease_seconds
-        self._lease_duration = lease_duration_seconds
-        self._status_seconds = status_seconds
+        self._intervals = intervals
         self._clock = clock
         self._node_uid: str | None = None
         self.registered = asyncio.Event()
@@ -84,7 +80,7 @@ class NodeController:
     def _providers_answer(self) -> bool:
         # "Providers answer" = one answered within three lease periods (a slow provider must
         # not flap the node, a dead set of providers must stop the Lease).
-        return bool(self._responsive(3 * self._lease_seconds + 30))
+        return bool(self._responsive(3 * self._intervals.lease_seconds + 30))
 
     async def register(self) -> None:
         existing = await self._kube.get_node(self.name)
@@ -146,7 +142,7 @@ class NodeController:
             "metadata": metadata,
             "spec": {
                 "holderIdentity": self.name,
-                "leaseDurationSeconds": self._lease_duration,
+                "leaseDurationSeconds": self._intervals.lease_duration_seconds,
                 "renewTime": micro_time(self._clock()),
             },
         }
@@ -173,7 +169,7 @@ class NodeController:
 
     async def run_lease_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._lease_seconds)
+            await asyncio.sleep(self._intervals.lease_seconds)
             try:
                 await self._offers.offers()  # keeps provider answers fresh
                 renewed = await self.renew_lease()
@@ -185,7 +181,7 @@ class NodeController:
 
     async def run_status_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._status_seconds)
+            await asyncio.sleep(self._intervals.node_status_seconds)
             try:
                 await self.update_status()
             except Exception:

@@ -83,6 +83,10 @@ class OfferBook:
                     await self._refresh_locked()
         return [offer for answer in self._answers.values() for offer in answer.offers]
 
+    def invalidate(self) -> None:
+        """Capacity changed (an instance ended): the next ``offers()`` asks the providers."""
+        self._fetched_at = None
+
     def cached(self) -> list[Offer]:
         return [offer for answer in self._answers.values() for offer in answer.offers]
 

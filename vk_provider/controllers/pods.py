@@ -1,129 +1,99 @@
-"""The pod controller: pods bound to the virtual node, run through providers, status written back.
+"""The pod controller: an executor of the pure lifecycle's steps, one pod at a time.
 
-Shape (as virtual-kubelet's ``node/`` and kopf's per-object queues):
-
-- ``watch_loop`` lists and watches pods with ``spec.nodeName=<node>`` and queues their keys;
-  on 410 Gone or a broken connection it re-lists. It never acts on an event's payload.
-- workers take keys from a ``WorkQueue`` (one worker per pod at a time, bounded concurrency)
-  and run ``sync``, which re-reads the pod, looks at the provider's view of its instance and
-  does the one next thing: place and create, write status, relaunch with back-off, fail the
-  pod when the provider lost the instance, or finish a deletion.
+Shape (as virtual-kubelet's ``node/`` and kopf's per-object queues): the pod watch
+(``podwatch``) keeps the node's pods in a store and queues the key of every pod that changed;
+the instance tracker queues the pods whose instance changed. Workers take keys from the
+``WorkQueue`` (one worker per pod at a time, bounded concurrency) and ``sync`` each: parse the
+stored pod once (``PodView``), look at the instance it names, ask ``lifecycle.decide`` for the
+next step and execute it. Deciding is pure and tested edge by edge; this module only acts.
 
 Invariants:
 - Everything needed to resume after a restart is in the pod (annotations, status) and at the
-  provider (instances carry the pod UID); the in-memory maps here are caches.
+  provider (instances carry the pod UID); what this controller keeps in memory is a cache.
+- Every create goes through the ``Launcher`` (first launch and relaunch alike): budget
+  reservation, failover, offer blocks, ``Retry-After``.
+- Every back-off is the work queue's, per pod key (``add_rate_limited`` / ``forget``).
 - A pod with a ``deletionTimestamp`` is deleted from the API (grace 0, UID precondition) as
-  soon as its instance is gone; the instance gets the pod's remaining grace period.
-- Provider-side failure makes the pod ``Failed`` (reason ``InstanceLost``) and blocks the
+  soon as its instance is gone, and at the latest ``deletion_slack_seconds`` after its grace
+  period; the instance gets the pod's remaining grace period.
+- Provider-side failure makes the pod ``Failed`` (reason ``InstanceLost``) and avoids the
   offer for a cool-down so the replacement does not land in the same hole.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from vk_provider.controllers.instances import InstanceTracker
 from vk_provider.controllers.launch import Launcher, LaunchResult
 from vk_provider.controllers.observer import NO_OBSERVER, ControllerObserver
 from vk_provider.controllers.offers import OfferBook
-from vk_provider.controllers.workqueue import QueueClosed, WorkQueue
+from vk_provider.controllers.podwatch import PodStore
+from vk_provider.controllers.workqueue import Backoff, QueueClosed, WorkQueue
+from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
-from vk_provider.domain.errors import (
-    AuthFailed,
-    CapacityUnavailable,
-    InvalidSpec,
-    NotFound,
-    ProviderError,
+from vk_provider.domain.env import references
+from vk_provider.domain.errors import NotFound, ProviderError
+from vk_provider.domain.lifecycle import (
+    MAX_CRASH_BACKOFF_SECONDS,
+    MISSING,
+    NOT_PLACED,
+    UNREACHABLE,
+    Decision,
+    Sighting,
+    Step,
+    crash_backoff,
+    decide,
 )
-from vk_provider.domain.models import Instance, InstanceState, Offer, WorkloadSpec
-from vk_provider.domain.placement import InvalidRequest, PlacementRequest
-from vk_provider.domain.podstatus import (
-    ContainerView,
-    Running,
-    Terminated,
-    Waiting,
-    last_termination,
-    pod_status,
-    status_changed,
-    waiting_view,
-)
+from vk_provider.domain.models import Instance, InstanceState, WorkloadSpec
+from vk_provider.domain.placement import PlacementRequest
+from vk_provider.domain.podspec import InvalidPodSpec
+from vk_provider.domain.podstatus import ContainerView, pod_status, status_changed, waiting_view
 from vk_provider.domain.podview import (
     ANN_INSTANCE,
     ANN_OFFER,
     ANN_PRICE,
     ANN_PROVIDER,
+    JSON,
     PodKey,
     PodPlacement,
-    annotations_of,
-    container_spec,
-    container_status,
-    is_terminal,
-    meta,
-    parse_time,
-    pod_key,
+    PodView,
+    Running,
+    Terminated,
+    Waiting,
 )
-from vk_provider.domain.quantity import parse_quantity
-from vk_provider.domain.reconcile import (
-    Action,
-    Adopt,
-    Plan,
-    PodSnapshot,
-    ProviderSnapshot,
-    Terminate,
-    plan_reconcile,
-)
-from vk_provider.domain.workload import (
-    GPU_RESOURCE,
-    InvalidPodSpec,
-    references,
-    to_workload,
-)
-from vk_provider.kube import events
-from vk_provider.kube.client import JSON, ApiError, ConflictError, GoneError, KubeClient
+from vk_provider.domain.reconcile import choose_adoptee
+from vk_provider.domain.workload import Held, held_resources, to_request
+from vk_provider.kube.client import ApiError, ConflictError, KubeClient
 from vk_provider.kube.events import EventRecorder
+from vk_provider.settings.agent import IntervalsConfig
 
 log = logging.getLogger(__name__)
 
-_ADOPTABLE = (InstanceState.PENDING, InstanceState.RUNNING)
-_FINISHED = (InstanceState.TERMINATED, InstanceState.EXITED, InstanceState.LOST)
-# How far past its grace period a deleted pod may stay while we wait for its instance.
-DELETION_SLACK_SECONDS = 5.0
-
-MAX_BACKOFF = 300.0
+# A sync that failed (a provider's 429/5xx, an API hiccup) is retried soon: the failure says
+# nothing about how long to wait, and a deleting pod must not sit out a long back-off.
+SYNC_ERROR_CAP_SECONDS = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class PodTimings:
-    status_poll_seconds: float = 2.0
-    restart_backoff_seconds: float = 10.0
-    retry_backoff_seconds: float = 5.0
-    instance_lost_cooldown_seconds: float = 300.0
-    retry_backoff_max_seconds: float = 60.0
-    capacity_block_seconds: float = 60.0
-    watch_timeout_seconds: int = 60
+def _wall_clock() -> datetime:
+    return datetime.now(UTC)
 
 
-@dataclass
-class _PodMemory:
-    """Per-pod cache: what we last knew, for cleanup after a force delete and for back-off."""
+@dataclass(slots=True)
+class _Memory:
+    """What the controller remembers of one pod between syncs (a cache, see the invariants)."""
 
     uid: str
-    provider: str | None = None
-    instance_id: str | None = None
-    retries: int = 0
-    prefer: str | None = None  # offer key to retry first after a 429 / 5xx
-    failures: int = 0  # syncs in a row that raised (back-off of the next retry)
-    not_before: float = 0.0  # monotonic time before which placement is not retried
-
-
-def backoff(base: float, attempt: int) -> float:
-    return float(min(base * (2 ** max(attempt, 0)), MAX_BACKOFF))
+    provider: str | None = None  # the last instance the pod named, to stop it if the pod
+    instance_id: str | None = None  # is force-deleted behind our back
+    offer_key: str | None = None
+    adopt: Instance | None = None  # reconciliation's choice among the pod's unclaimed instances
+    prefer: str | None = None  # offer to try first after a 429 / 5xx
+    waiting: bool = False  # unplaceable: kicked when room appears
 
 
 class PodController:
@@ -137,9 +107,11 @@ class PodController:
         offers: OfferBook,
         recorder: EventRecorder,
         launcher: Launcher,
-        timings: PodTimings,
+        store: PodStore,
+        intervals: IntervalsConfig,
         workers: int,
         observer: ControllerObserver = NO_OBSERVER,
+        now: Callable[[], datetime] = _wall_clock,
     ) -> None:
         self._kube = kube
         self._node = node_name
@@ -147,151 +119,100 @@ class PodController:
         self._providers = dict(providers)
         self._offers = offers
         self._events = recorder
-        self._timings = timings
-        self._workers = workers
         self._launcher = launcher
         self._ledger = launcher.ledger
+        self._store = store
+        self._intervals = intervals
+        self._workers = workers
         self._observer = observer
-        self.queue: WorkQueue[PodKey] = WorkQueue()
+        self._now = now
+        # One back-off per pod key: placement retries double from retry_backoff_seconds.
+        self.queue: WorkQueue[PodKey] = WorkQueue(
+            Backoff(base=intervals.retry_backoff_seconds, cap=MAX_CRASH_BACKOFF_SECONDS)
+        )
         self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
-        self._memory: dict[PodKey, _PodMemory] = {}
-        self._uid_keys: dict[str, PodKey] = {}
-        self._waiting: set[PodKey] = set()  # unplaceable pods, kicked when room appears
-        self._placements: dict[PodKey, PodPlacement] = {}  # for the REST API and metrics
-        self._pods: dict[PodKey, JSON] = {}  # latest pod objects seen (reconcile snapshots)
-        self._first_seen: Mapping[tuple[str, str], float] = {}
-        self.watch_live = asyncio.Event()
+        self._memory: dict[PodKey, _Memory] = {}
 
     # ------------------------------------------------------------------ feeding the queue
 
+    def pod_changed(self, key: PodKey) -> None:
+        """The watch saw ``key`` change (or go): account for it, then sync it."""
+        raw = self._store.get(key)
+        if raw is not None:
+            self._account(PodView.parse(raw))
+        self.queue.add(key)
+
     def _instance_changed(self, pod_uid: str) -> None:
-        key = self._uid_keys.get(pod_uid)
+        key = self._store.key_of(pod_uid)
         if key is not None:
             self.queue.add(key)
 
-    def _observe(self, pod: JSON) -> None:
-        key = pod_key(pod)
-        uid = str(meta(pod).get("uid", ""))
+    def adopt(self, key: PodKey, instance: Instance) -> None:
+        """Reconciliation chose ``instance`` for the unplaced pod ``key``: apply exactly it."""
         memory = self._memory.get(key)
-        if memory is None or memory.uid != uid:
-            if memory is not None:
-                self._uid_keys.pop(memory.uid, None)
-            memory = self._memory[key] = _PodMemory(uid=uid)
-        annotations = annotations_of(pod)
-        if ANN_INSTANCE in annotations:
-            memory.provider = annotations.get(ANN_PROVIDER)
-            memory.instance_id = annotations[ANN_INSTANCE]
-        self._account(pod)
-        self._pods[key] = pod
-        self._uid_keys[uid] = key
+        if memory is not None:
+            memory.adopt = instance
         self.queue.add(key)
 
-    def _track(self, key: PodKey, pod: JSON) -> None:
-        """Remember where a placed, live pod runs (REST ``/v1/pods``, metrics)."""
-        annotations = annotations_of(pod)
-        phase = str((pod.get("status") or {}).get("phase") or "Pending")
-        if ANN_INSTANCE not in annotations or phase in ("Succeeded", "Failed"):
-            self._placements.pop(key, None)
-            return
-        status = pod.get("status") or {}
-        try:
-            price = float(annotations.get(ANN_PRICE, "0"))
-        except ValueError:
-            price = 0.0
-        self._placements[key] = PodPlacement(
-            namespace=key[0],
-            name=key[1],
-            uid=str(meta(pod).get("uid", "")),
-            provider=annotations.get(ANN_PROVIDER, ""),
-            instance_id=annotations[ANN_INSTANCE],
-            offer=annotations.get(ANN_OFFER, ""),
-            price_per_hour=price,
-            phase=phase,
-            since=parse_time(status.get("startTime")),
-        )
-
-    def placements(self) -> list[PodPlacement]:
-        return list(self._placements.values())
-
-    def held_resources(self) -> tuple[float, float, float]:
-        """GPUs, vCPUs and GiB requested by the node's live, placed pods (node capacity)."""
-        gpus = cpu = memory = 0.0
-        for pod in self._pods.values():
-            if is_terminal(pod) or ANN_INSTANCE not in annotations_of(pod):
-                continue
-            resources = container_spec(pod).get("resources") or {}
-            limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
-            try:
-                gpus += float(parse_quantity(str(limits.get(GPU_RESOURCE, "0"))))
-                cpu += float(parse_quantity(str(requests.get("cpu", limits.get("cpu", "0")))))
-                memory += (
-                    float(parse_quantity(str(requests.get("memory", limits.get("memory", "0")))))
-                    / 2**30
-                )
-            except ValueError:
-                continue  # translation refuses such pods; they hold nothing
-        return gpus, cpu, memory
-
-    def _account(self, pod: JSON) -> None:
+    def _account(self, pod: PodView) -> None:
         """Keep the budget ledger equal to what the pods' annotations say runs.
 
         Called for every observed pod, so after a restart the ledger is rebuilt from the
         API before any new placement can be made against it.
         """
-        metadata = meta(pod)
-        uid = str(metadata.get("uid", ""))
-        annotations = annotations_of(pod)
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            if self._ledger.release(uid):
-                self._room_appeared()
+        if pod.terminal:
+            if self._ledger.release(pod.uid):
+                self._room_appeared(pod.placed.offer_key if pod.placed else None)
             return
-        if ANN_PROVIDER in annotations and ANN_PRICE in annotations:
-            try:
-                price = float(annotations[ANN_PRICE])
-            except ValueError:
-                return
+        placed = pod.placed
+        if placed is not None and placed.price_per_hour is not None:
             self._ledger.commit(
-                uid,
-                namespace=str(metadata.get("namespace")),
-                provider=annotations[ANN_PROVIDER],
-                price=price,
+                pod.uid,
+                namespace=pod.namespace,
+                provider=placed.provider,
+                price=placed.price_per_hour,
             )
 
-    async def watch_loop(self) -> None:
-        """List, then watch from the list's version; re-list on 410 or a dropped watch."""
-        while True:
-            try:
-                pods, version = await self._kube.list_node_pods(self._node)
-                listed = {pod_key(p) for p in pods}
-                for pod in pods:
-                    self._observe(pod)
-                # Pods we remember that are gone from the list were deleted while unwatched.
-                for key in list(self._memory):
-                    if key not in listed:
-                        self.queue.add(key)
-                self.watch_live.set()
-                while True:
-                    # A watch the server ends on its timeout resumes from the last version
-                    # seen; only a 410 or an error costs a full re-list.
-                    async for kind, pod in self._kube.watch_node_pods(
-                        self._node, version, timeout_seconds=self._timings.watch_timeout_seconds
-                    ):
-                        version = str(meta(pod).get("resourceVersion") or version)
-                        if kind != "BOOKMARK":
-                            self._observe(pod)
-            except GoneError:
-                log.info("pod watch expired (410); re-listing")
-            except (ApiError, OSError, TimeoutError, ValueError) as exc:
-                self.watch_live.clear()
-                log.warning("pod watch broken (%s); re-listing in 1s", exc)
-                await asyncio.sleep(1.0)
-            except Exception as exc:
-                # aiohttp raises its own ClientError family; treat every transport hiccup alike.
-                self.watch_live.clear()
-                log.warning("pod watch failed (%s: %s); re-listing in 1s", type(exc).__name__, exc)
-                await asyncio.sleep(1.0)
+    def _room_appeared(self, offer_key: str | None = None) -> None:
+        """An instance ended or a pod left: pods waiting for capacity or budget try again.
 
-    async def worker(self) -> None:
+        When the instance's offer is known, its "no capacity" block is lifted and the offer
+        cache refreshed, so the freed slot is seen at once rather than after the cache's TTL.
+        """
+        if offer_key:
+            self._launcher.capacity_freed(offer_key)
+            self._offers.invalidate()
+        for key, memory in self._memory.items():
+            if memory.waiting:
+                memory.waiting = False
+                self.queue.forget(key)
+                self.queue.add(key)
+
+    # ------------------------------------------------------------------ views for others
+
+    def placements(self) -> list[PodPlacement]:
+        placed = (PodPlacement.of(PodView.parse(pod)) for pod in self._store.values())
+        return [p for p in placed if p is not None]
+
+    def held_resources(self) -> tuple[float, float, float]:
+        """GPUs, vCPUs and GiB requested by the node's live, placed pods (node capacity)."""
+        total = Held()
+        for raw in self._store.values():
+            pod = PodView.parse(raw)
+            if pod.terminal or pod.placed is None:
+                continue
+            held = held_resources(raw)
+            total = Held(
+                total.gpus + held.gpus, total.cpu + held.cpu, total.memory_gib + held.memory_gib
+            )
+        return total.gpus, total.cpu, total.memory_gib
+
+    # ------------------------------------------------------------------ workers
+
+    async def run_workers(self) -> None:
+        await asyncio.gather(*(self._worker() for _ in range(self._workers)))
+
+    async def _worker(self) -> None:
         while True:
             try:
                 key = await self.queue.get()
@@ -299,222 +220,120 @@ class PodController:
                 return
             try:
                 await self.sync(key)
-                memory = self._memory.get(key)
-                if memory:
-                    memory.failures = 0
             except ConflictError:
                 self.queue.add_after(key, 0.2)  # someone wrote the pod meanwhile: re-read
             except (ProviderError, ApiError) as exc:
-                # Expected weather (a provider's 429/5xx, an API hiccup): retry with back-off.
-                memory = self._memory.get(key)
-                attempt = memory.failures if memory else 0
-                if memory:
-                    memory.failures += 1
-                # Capped low: a sync error (unlike "no capacity") says nothing about how long
-                # to wait, and a deleting pod must not sit out a long back-off.
-                delay = min(backoff(self._timings.retry_backoff_seconds, attempt), 10.0)
+                delay = self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
                 log.warning("sync of pod %s/%s: %s; retrying in %.1fs", *key, exc, delay)
-                self.queue.add_after(key, delay)
             except Exception:
                 log.exception("sync of pod %s/%s failed; retrying", *key)
-                self.queue.add_after(key, 2.0)
+                self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
             finally:
                 self.queue.done(key)
 
     # ------------------------------------------------------------------ the sync
 
     async def sync(self, key: PodKey) -> None:
-        namespace, name = key
-        pod = await self._kube.get_pod(namespace, name)
-        if pod is None or (pod.get("spec") or {}).get("nodeName") != self._node:
-            self._placements.pop(key, None)
-            self._pods.pop(key, None)
+        raw = self._store.get(key)
+        if raw is None:
             await self._forget(key)
             return
-        self._pods[key] = pod
-        memory = self._memory.get(key)
-        if memory is None or memory.uid != meta(pod).get("uid"):
-            self._observe(pod)
-            memory = self._memory[key]
-        self._track(key, pod)
-        if meta(pod).get("deletionTimestamp"):
-            await self._sync_deletion(key, pod)
-            return
-        phase = (pod.get("status") or {}).get("phase")
-        if phase in ("Succeeded", "Failed"):
-            await self._release(pod)
-            return
-        self._account(pod)
-        annotations = annotations_of(pod)
-        provider_name = annotations.get(ANN_PROVIDER)
-        instance_id = annotations.get(ANN_INSTANCE)
-        if not provider_name or not instance_id or provider_name not in self._providers:
-            await self._place(key, pod, memory)
-            return
-        instance = await self._instance(provider_name, instance_id)
-        if instance is None:
-            await self._fail_lost(
-                pod, provider_name, annotations, "the provider no longer knows it"
-            )
-            return
-        await self._sync_instance(key, pod, instance)
-
-    async def _instance(self, provider: str, instance_id: str) -> Instance | None:
-        cached = self.tracker.get(provider, instance_id)
-        if cached is not None and self.tracker.fresh(provider):
-            return cached
-        try:
-            instance = await self._providers[provider].get(instance_id)
-        except NotFound:
-            return None
-        self.tracker.remember(instance)
-        return instance
-
-    async def _forget(self, key: PodKey) -> None:
-        """The pod is gone from the API (e.g. force-deleted): its instance must go too."""
-        memory = self._memory.pop(key, None)
-        self._waiting.discard(key)
-        if memory is None:
-            return
-        self._uid_keys.pop(memory.uid, None)
-        self._events.forget(memory.uid)
-        if memory.provider in self._providers and memory.instance_id:
-            try:
-                await self._providers[memory.provider].delete(memory.instance_id, grace_seconds=0)
-            except ProviderError as exc:
-                log.warning("terminating instance of deleted pod %s/%s failed: %s", *key, exc)
-                self._memory[key] = memory  # keep it so a retry still knows what to delete
-                self._uid_keys[memory.uid] = key
-                self.queue.add_after(key, 5.0)
-                return  # still costs money: stays in the budget until the delete succeeds
-        if self._ledger.release(memory.uid):
-            self._room_appeared()
-
-    # ------------------------------------------------------------------ deletion
-
-    async def _sync_deletion(self, key: PodKey, pod: JSON) -> None:
-        """Terminate the instance within the pod's grace period, then delete the pod.
-
-        The pod never outlives its grace period by more than ``DELETION_SLACK_SECONDS``
-        because of us: if the provider cannot confirm the instance is gone by then (errors,
-        a slow terminate), the pod is deleted anyway and the instance, which still carries
-        the pod's UID, is terminated by reconciliation as an orphan.
-        """
-        metadata = meta(pod)
-        deadline = parse_time(metadata.get("deletionTimestamp"))
-        now = datetime.now(UTC)
-        remaining = max((deadline - now).total_seconds(), 0.0) if deadline else 0.0
-        overdue = deadline is not None and (now - deadline).total_seconds() > DELETION_SLACK_SECONDS
-        try:
-            finished = await self._terminate_for_deletion(pod, remaining)
-        except ProviderError as exc:
-            if not overdue:
-                self.queue.add_after(key, min(1.0, max(remaining, 0.2)))
-                return
-            log.warning(
-                "pod %s/%s: instance not confirmed gone (%s); deleting the pod, "
-                "reconciliation terminates the instance",
-                *key,
-                exc,
-            )
-            finished = True
-        if not finished and not overdue:
-            # Poll gently: a provider may allow one request a second for all pods together.
-            self.queue.add_after(key, min(1.0, max(remaining, 0.5)))
-            return
-        await self._kube.delete_pod_now(
-            str(metadata["namespace"]), str(metadata["name"]), uid=str(metadata["uid"])
-        )
-        self._memory.pop(key, None)
-        self._pods.pop(key, None)
-        self._waiting.discard(key)
-        self._uid_keys.pop(str(metadata.get("uid")), None)
-        self._events.forget(str(metadata.get("uid")))
-        if self._ledger.release(str(metadata.get("uid"))):
-            self._room_appeared()
-
-    async def _terminate_for_deletion(self, pod: JSON, remaining: float) -> bool:
-        """One step of terminating a deleted pod's instance; True once nothing runs.
-
-        The delete request is sent once (a TERMINATING instance is only watched), and also
-        when the provider cannot be asked for the instance's state: stopping a paid instance
-        matters more than knowing exactly how it is.
-        """
-        annotations = annotations_of(pod)
-        provider_name = annotations.get(ANN_PROVIDER)
-        instance_id = annotations.get(ANN_INSTANCE)
-        if provider_name not in self._providers or not instance_id:
-            return True
-        provider = self._providers[provider_name]
-        try:
-            instance: Instance | None = await provider.get(instance_id)
-        except NotFound:
-            instance = None
-        except ProviderError:
-            await provider.delete(instance_id, grace_seconds=remaining)
-            raise
-        if instance is not None and instance.state not in _FINISHED:
-            if instance.state is not InstanceState.TERMINATING:
-                await self._events.record(
-                    pod,
-                    "Normal",
-                    events.KILLING,
-                    f"Stopping container {container_spec(pod).get('name', '')}",
-                )
-                await provider.delete(instance_id, grace_seconds=remaining)
-            return False
-        # Release what is left (a finished instance, or a provider's retained logs).
-        await provider.delete(instance_id, grace_seconds=0)
-        return True
-
-    async def _release(self, pod: JSON) -> None:
-        """A terminal pod keeps no instance running.
-
-        Only an instance the provider still lists is deleted: deleting a released one again
-        would also drop what the provider retains for it (logs, until the pod is deleted).
-        """
-        annotations = annotations_of(pod)
-        provider_name = annotations.get(ANN_PROVIDER)
-        instance_id = annotations.get(ANN_INSTANCE)
-        if provider_name in self._providers and instance_id:
-            provider = self._providers[provider_name]
-            known = self.tracker.get(provider_name, instance_id)
-            # Skip the provider call when a fresh list says the instance is already gone:
-            # terminal pods stay in the API for long and are re-synced now and then.
-            if known is not None or not self.tracker.fresh(provider_name):
-                with contextlib.suppress(NotFound):
-                    await provider.get(instance_id)
-                    await provider.delete(instance_id, grace_seconds=0)
-        if self._ledger.release(str(meta(pod).get("uid", ""))):
-            self._room_appeared()
-
-    # ------------------------------------------------------------------ placement and create
-
-    async def _workload(self, pod: JSON, attempt: int) -> WorkloadSpec:
-        namespace = str(meta(pod).get("namespace"))
-        refs = references(pod)
-        secrets: dict[str, JSON] = {}
-        config_maps: dict[str, JSON] = {}
-        for secret_name in sorted(refs.secrets):
-            found = await self._kube.get_secret(namespace, secret_name)
-            if found is not None:
-                secrets[secret_name] = found
-        for cm_name in sorted(refs.config_maps):
-            found = await self._kube.get_config_map(namespace, cm_name)
-            if found is not None:
-                config_maps[cm_name] = found
-        return to_workload(
+        pod = PodView.parse(raw)
+        memory = self._remember(pod)
+        sighting = await self._sight(pod)
+        now = self._now()
+        held = self.queue.held_for(key)
+        decision = decide(
             pod,
-            secrets=secrets,
-            config_maps=config_maps,
-            node_name=self._node,
-            host_ip=self._host_ip,
-            attempt=attempt,
+            sighting,
+            now=now,
+            hold_until=now + timedelta(seconds=held) if held else None,
+            restart_backoff=self._intervals.restart_backoff_seconds,
+            deletion_slack=self._intervals.deletion_slack_seconds,
         )
+        await self._execute(pod, memory, sighting, decision)
+
+    def _remember(self, pod: PodView) -> _Memory:
+        memory = self._memory.get(pod.key)
+        if memory is None or memory.uid != pod.uid:
+            memory = self._memory[pod.key] = _Memory(uid=pod.uid)
+        if pod.placed is not None:
+            memory.provider, memory.instance_id = pod.placed.provider, pod.placed.instance_id
+            memory.offer_key = pod.placed.offer_key
+        return memory
+
+    async def _sight(self, pod: PodView) -> Sighting:
+        placed = pod.placed
+        if placed is None or placed.provider not in self._providers:
+            return NOT_PLACED
+        cached = self.tracker.get(placed.provider, placed.instance_id)
+        if self.tracker.fresh(placed.provider):
+            if cached is None and pod.terminal:
+                return MISSING  # released already: a fresh list does not have it
+            if cached is not None and not pod.terminal:
+                return Sighting.of(cached)
+        # Otherwise ask: a new instance may not be listed yet, and an ended pod's instance
+        # is released at most once (a second delete would drop the logs it retains).
+        try:
+            instance = await self._providers[placed.provider].get(placed.instance_id)
+        except NotFound:
+            return MISSING
+        except ProviderError as exc:
+            log.info("pod %s/%s: cannot read its instance: %s", *pod.key, exc)
+            return UNREACHABLE
+        self.tracker.remember(instance)
+        return Sighting.of(instance)
+
+    async def _execute(
+        self, pod: PodView, memory: _Memory, sighting: Sighting, decision: Decision
+    ) -> None:
+        step, key, instance = decision.step, pod.key, sighting.instance
+        if step is Step.PLACE:
+            await self._launch(pod, memory, attempt=pod.status.restart_count, previous=None)
+        elif step is Step.RELAUNCH:
+            assert instance is not None
+            await self._launch(pod, memory, attempt=decision.attempt, previous=instance)
+        elif step is Step.WAIT:
+            self.queue.add_after(key, decision.wait_seconds)
+        elif step is Step.RETRY:
+            self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
+        elif step is Step.SHOW_PENDING:
+            assert instance is not None
+            await self._show(pod, instance, Waiting("ContainerCreating", instance.message))
+            self.queue.add_after(key, self._intervals.pod_status_seconds)
+        elif step is Step.SHOW_RUNNING:
+            assert instance is not None
+            await self._show_running(pod, instance)
+        elif step is Step.FAIL_LOST:
+            why = "the provider no longer knows it"
+            if instance is not None:
+                why = instance.message or instance.state.value
+            await self._fail_lost(pod, why)
+        elif step is Step.COMPLETE:
+            assert instance is not None
+            await self._complete(pod, instance)
+        elif step is Step.BACK_OFF:
+            assert instance is not None
+            await self._back_off(pod, instance, decision.wait_seconds)
+        elif step is Step.TERMINATE:
+            await self._terminate(pod, sighting, decision.grace_seconds)
+        elif step is Step.AWAIT_TERMINATION:
+            self.queue.add_after(key, self._deletion_poll(pod))
+        elif step is Step.FINISH_DELETION:
+            await self._finish_deletion(pod, sighting)
+        elif step is Step.RELEASE:
+            await self._release(pod)
+        elif self._ledger.release(pod.uid):  # Step.NOTHING: only the budget may be left
+            self._room_appeared(pod.placed.offer_key if pod.placed else None)
+
+    # ------------------------------------------------------------------ status
+
+    def _container_id(self, instance_id: str) -> str:
+        return f"vk-provider://{instance_id}"
 
     async def _write_status(
         self,
-        pod: JSON,
+        pod: PodView,
         view: ContainerView,
         *,
         pod_ip: str | None = None,
@@ -525,87 +344,189 @@ class PodController:
         wanted = pod_status(
             pod,
             view,
-            now=datetime.now(UTC),
+            now=self._now(),
             host_ip=self._host_ip,
             pod_ip=pod_ip,
             phase=phase,
             reason=reason,
             message=message,
         )
-        if status_changed(pod.get("status") or {}, wanted):
-            namespace, name = pod_key(pod)
-            await self._kube.patch_pod_status(namespace, name, wanted)
+        if status_changed(pod.raw.get("status") or {}, wanted):
+            updated = await self._kube.patch_pod_status(pod.namespace, pod.name, wanted)
+            self._store.update(updated)
 
-    async def _invalid(self, pod: JSON, field_name: str, message: str) -> None:
-        text = f"{field_name}: {message}" if field_name and field_name not in message else message
-        await self._events.record(pod, "Warning", events.INVALID_SPEC, text)
-        restart_policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
-        view = waiting_view(pod, "InvalidSpec", text)
-        if restart_policy == "Never":
-            await self._write_status(pod, view, phase="Failed", reason="InvalidSpec", message=text)
-        else:
-            await self._write_status(pod, view, reason="InvalidSpec", message=text)
-        # Not retried: the next change of the pod queues it again.
+    async def _record(self, pod: PodView, event: explain.Event) -> None:
+        await self._events.record(pod.raw, event.kind, event.reason, event.message)
 
-    def _retry_later(self, key: PodKey, memory: _PodMemory) -> float:
-        delay = min(
-            backoff(self._timings.retry_backoff_seconds, memory.retries),
-            self._timings.retry_backoff_max_seconds,
+    async def _show(self, pod: PodView, instance: Instance, state: Waiting) -> None:
+        view = ContainerView(
+            pod.container_name,
+            pod.container_image,
+            state,
+            self._container_id(instance.instance_id),
+            pod.status.last_termination,
+            pod.status.restart_count,
         )
-        memory.retries += 1
-        # Remembered, not just scheduled: our own status write (or any pod change) queues the
-        # pod again at once, and that must not cut the back-off short.
-        memory.not_before = time.monotonic() + delay
-        self.queue.add_after(key, delay)
-        return delay
+        await self._write_status(pod, view)
 
-    async def _place(self, key: PodKey, pod: JSON, memory: _PodMemory) -> None:
-        wait = memory.not_before - time.monotonic()
-        if wait > 0:
-            self.queue.add_after(key, wait)
-            return
-        restart_count = int(container_status(pod).get("restartCount") or 0)
+    async def _show_running(self, pod: PodView, instance: Instance) -> None:
+        recorded = pod.status.running_since
+        # Some providers do not say when the container started: keep what we wrote first.
+        started = instance.started_at or recorded or self._now()
+        view = ContainerView(
+            pod.container_name,
+            pod.container_image,
+            Running(started),
+            self._container_id(instance.instance_id),
+            pod.status.last_termination,
+            pod.status.restart_count,
+        )
+        await self._write_status(pod, view, pod_ip=instance.ip)
+        if recorded is None:
+            event = explain.Event(
+                explain.NORMAL, explain.STARTED, f"Started container {pod.container_name}"
+            )
+            await self._record(pod, event)
+        self.queue.add_after(pod.key, self._intervals.pod_status_seconds * 5)
+
+    async def _fail_lost(self, pod: PodView, why: str) -> None:
+        placed = pod.placed
+        offer_key = placed.offer_key if placed else ""
+        cooldown = self._intervals.instance_lost_cooldown_seconds
+        if offer_key:
+            self._launcher.avoid(offer_key, cooldown)
+        event = explain.instance_lost(
+            placed.instance_id if placed else "?",
+            placed.provider if placed else "?",
+            why,
+            offer_key=offer_key,
+            cooldown=cooldown,
+        )
+        await self._record(pod, event)
+        view = ContainerView(
+            pod.container_name,
+            pod.container_image,
+            Terminated(
+                exit_code=137,
+                reason="InstanceLost",
+                started_at=pod.status.running_since,
+                finished_at=self._now(),
+                message=event.message,
+            ),
+            pod.status.container_id,
+            pod.status.last_termination,
+            pod.status.restart_count,
+        )
+        await self._write_status(
+            pod, view, phase="Failed", reason="InstanceLost", message=event.message
+        )
+        await self._release(pod)
+
+    def _terminated(self, instance: Instance) -> Terminated:
+        code = instance.exit_code if instance.exit_code is not None else 1
+        return Terminated(
+            exit_code=code,
+            reason="Completed" if code == 0 else "Error",
+            started_at=instance.started_at,
+            finished_at=instance.finished_at or self._now(),
+        )
+
+    async def _complete(self, pod: PodView, instance: Instance) -> None:
+        view = ContainerView(
+            pod.container_name,
+            pod.container_image,
+            self._terminated(instance),
+            self._container_id(instance.instance_id),
+            pod.status.last_termination,
+            pod.status.restart_count,
+        )
+        await self._write_status(pod, view, pod_ip=instance.ip)
+        await self._release(pod)
+
+    async def _back_off(self, pod: PodView, instance: Instance, wait: float) -> None:
+        delay = crash_backoff(self._intervals.restart_backoff_seconds, pod.status.restart_count)
+        event = explain.crash_loop(pod.container_name, pod.name, delay)
+        if pod.status.waiting_reason != "CrashLoopBackOff":
+            await self._record(pod, event)
+        view = ContainerView(
+            pod.container_name,
+            pod.container_image,
+            Waiting("CrashLoopBackOff", event.message),
+            self._container_id(instance.instance_id),
+            self._terminated(instance),
+            pod.status.restart_count,
+        )
+        await self._write_status(pod, view)
+        self.queue.add_after(pod.key, wait)
+
+    # ------------------------------------------------------------------ placement and create
+
+    async def _translate(self, pod: PodView, attempt: int) -> tuple[WorkloadSpec, PlacementRequest]:
+        refs = references(pod.raw)
+        secrets: dict[str, JSON] = {}
+        config_maps: dict[str, JSON] = {}
+        for name in sorted(refs.secrets):
+            found = await self._kube.get_secret(pod.namespace, name)
+            if found is not None:
+                secrets[name] = found
+        for name in sorted(refs.config_maps):
+            found = await self._kube.get_config_map(pod.namespace, name)
+            if found is not None:
+                config_maps[name] = found
+        return to_request(
+            pod.raw,
+            secrets=secrets,
+            config_maps=config_maps,
+            node_name=self._node,
+            host_ip=self._host_ip,
+            attempt=attempt,
+        )
+
+    async def _launch(
+        self, pod: PodView, memory: _Memory, *, attempt: int, previous: Instance | None
+    ) -> None:
+        """The one create path: a first launch (``previous`` None) or a relaunch."""
+        key = pod.key
         try:
-            spec = await self._workload(pod, attempt=restart_count)
-            request = PlacementRequest.from_workload(spec, annotations_of(pod))
+            spec, request = await self._translate(pod, attempt)
         except InvalidPodSpec as exc:
             if exc.retryable:
-                await self._events.record(pod, "Warning", events.FAILED_CONFIG, str(exc))
-                view = waiting_view(pod, events.FAILED_CONFIG, str(exc))
-                await self._write_status(pod, view)
-                self._retry_later(key, memory)
+                event = explain.Event(explain.WARNING, explain.FAILED_CONFIG, str(exc))
+                await self._record(pod, event)
+                await self._write_status(pod, waiting_view(pod, explain.FAILED_CONFIG, str(exc)))
+                self.queue.add_rate_limited(key, cap=self._intervals.retry_backoff_max_seconds)
                 return
             await self._invalid(pod, exc.field, str(exc))
             return
-        except InvalidRequest as exc:
-            await self._invalid(pod, exc.field, str(exc))
-            return
-        # After a restart, a crash may have left an instance of this pod that the pod does
-        # not name yet: adopt it rather than launch a duplicate.
-        await self.tracker.polled.wait()
-        existing = [i for i in self.tracker.for_pod(memory.uid) if i.state in _ADOPTABLE]
-        if existing:
-            await self._adopt_existing(key, pod, max(existing, key=lambda i: i.attempt))
+        if previous is None and await self._adopt_existing(pod, memory):
             return
         offers = await self._offers.offers()
+        prefer = memory.prefer or (previous.offer_key if previous else None)
         result = await self._launcher.launch(
-            spec, request, offers, prefer=memory.prefer, allow_avoided=memory.retries > 0
+            spec,
+            request,
+            offers,
+            prefer=prefer,
+            # A first attempt avoids offers that lost an instance lately; retries may use them.
+            allow_avoided=previous is not None or self.queue.failures(key) > 0,
         )
         self._count(result)
-        for attempt in result.attempts:
-            await self._events.record(
-                pod,
-                "Warning",
-                events.PROVIDER_CREATE_FAILED,
-                f"{attempt.offer.provider} refused offer {attempt.offer.sku} in "
-                f"{attempt.offer.region}: {type(attempt.error).__name__}: {attempt.error}",
+        for attempt_failed in result.attempts:
+            await self._record(
+                pod, explain.create_failed(attempt_failed.offer, attempt_failed.error)
             )
         if result.instance is not None and result.offer is not None:
-            self._waiting.discard(key)
-            memory.retries = 0
-            memory.prefer = None
-            await self._announce(pod, result, len(offers))
-            await self._adopt(pod, memory, result.instance, result.offer)
+            memory.prefer, memory.waiting = None, False
+            self.queue.forget(key)
+            if previous is None or previous.offer_key != result.offer.key:
+                failed = [(a.offer, a.error) for a in result.attempts]
+                await self._record(
+                    pod,
+                    explain.provider_selected(
+                        result.offer, result.placement, failed, offers_seen=len(offers)
+                    ),
+                )
+            await self._placed(pod, memory, result, previous)
             return
         if result.invalid is not None:
             await self._invalid(pod, result.invalid.field, str(result.invalid))
@@ -613,103 +534,11 @@ class PodController:
         if result.retry_after is not None:
             # 429 / 5xx: the same candidate again, after Retry-After or our back-off.
             memory.prefer = result.attempts[-1].offer.key if result.attempts else None
-            delay = result.retry_after or backoff(
-                self._timings.retry_backoff_seconds, memory.retries
+            self.queue.add_rate_limited(
+                key, at_least=result.retry_after, cap=self._intervals.retry_backoff_max_seconds
             )
-            memory.retries += 1
-            self.queue.add_after(key, delay)
             return
-        await self._unplaceable(key, pod, memory, result, request)
-
-    async def _adopt_existing(self, key: PodKey, pod: JSON, instance: Instance) -> None:
-        namespace, name = key
-        log.info("adopting instance %s of pod %s/%s", instance.instance_id, namespace, name)
-        await self._kube.patch_pod_annotations(
-            namespace,
-            name,
-            {
-                ANN_PROVIDER: instance.provider,
-                ANN_INSTANCE: instance.instance_id,
-                ANN_OFFER: instance.offer_key,
-                ANN_PRICE: f"{instance.price_per_hour:.4f}",
-            },
-            uid=str(meta(pod).get("uid")),
-        )
-        self.queue.add(key)
-
-    # ------------------------------------------------------------------ reconciliation
-
-    async def reconcile_once(self, *, grace: float) -> Plan:
-        """Poll every provider once, plan against the pods, apply the plan."""
-        started = time.monotonic()
-        await self.tracker.poll()
-        snapshots = [
-            PodSnapshot(
-                key=key,
-                uid=str(meta(pod).get("uid", "")),
-                provider=annotations_of(pod).get(ANN_PROVIDER),
-                instance_id=annotations_of(pod).get(ANN_INSTANCE),
-                terminal=(pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
-                deleting=bool(meta(pod).get("deletionTimestamp")),
-            )
-            for key, pod in self._pods.items()
-        ]
-        observed = [
-            ProviderSnapshot(name, self.tracker.listed(name), self.tracker.fresh(name))
-            for name in self._providers
-        ]
-        plan = plan_reconcile(
-            snapshots, observed, first_seen=self._first_seen, now=time.monotonic(), grace=grace
-        )
-        self._first_seen = plan.first_seen
-        for action in plan.actions:
-            try:
-                await self._apply(action)
-            except (ApiError, ProviderError) as exc:
-                log.warning("reconcile action %s failed: %s", action, exc)
-        self._observer.reconciled(time.monotonic() - started)
-        return plan
-
-    async def _apply(self, action: Action) -> None:
-        if isinstance(action, Terminate):
-            log.warning(
-                "terminating instance %s on %s (pod %s): %s",
-                action.instance_id,
-                action.provider,
-                action.pod_uid,
-                action.reason,
-            )
-            await self._providers[action.provider].delete(action.instance_id, grace_seconds=0)
-            self._observer.instance_terminated(action.provider, action.reason)
-        elif isinstance(action, Adopt):
-            # Adoption is a pod write: it goes through the pod's own queue (one worker per
-            # pod), where placement adopts the instance the tracker lists for the pod.
-            self.queue.add(action.key)
-        else:
-            self.queue.add(action.key)
-
-    async def reconcile_loop(self, *, interval: float, grace: float) -> None:
-        """Reconcile every ``interval`` once the pod watch has listed the node's pods."""
-        born = time.monotonic()
-        first = True
-        while True:
-            await self.watch_live.wait()  # never plan against a partial view of the pods
-            try:
-                plan = await self.reconcile_once(grace=grace)
-            except Exception:  # one bad cycle must not stop reconciliation
-                log.exception("reconcile cycle failed")
-            else:
-                if first and all(self.tracker.fresh(name) for name in self._providers):
-                    first = False
-                    log.info(
-                        "first reconciliation complete %.1fs after start: %d pods, "
-                        "%d instances, %d actions",
-                        time.monotonic() - born,
-                        len(self._pods),
-                        len(self.tracker.all()),
-                        len(plan.actions),
-                    )
-            await asyncio.sleep(interval)
+        await self._unplaceable(pod, memory, result, request, previous)
 
     def _count(self, result: LaunchResult) -> None:
         for attempt in result.attempts:
@@ -726,280 +555,220 @@ class PodController:
             outcome = "no_capacity"
         self._observer.placement(outcome)
 
-    async def _announce(self, pod: JSON, result: LaunchResult, offers_seen: int) -> None:
-        offer = result.offer
-        assert offer is not None
-        skipped = [f"{a.offer.key}: {type(a.error).__name__}" for a in result.attempts]
-        ranked = [o for o in result.placement.candidates if o.key != offer.key]
-        cheaper = [o for o in ranked if o.price_per_hour < offer.price_per_hour]
-        why = f" ({'; '.join(skipped)})" if skipped else ""
-        gpu = f"{offer.gpu_count}x {offer.gpu_model}" if offer.gpu_model else "no GPU"
-        await self._events.record(
-            pod,
-            "Normal",
-            events.PROVIDER_SELECTED,
-            f"placed on {offer.provider} offer {offer.sku} ({gpu}) in {offer.region} at "
-            f"${offer.price_per_hour:.4f}/h; {len(cheaper)} cheaper offer(s) skipped{why}; "
-            f"{offers_seen} offer(s) considered, removed {result.placement.explain()}",
+    async def _adopt_existing(self, pod: PodView, memory: _Memory) -> bool:
+        """After a crash, an instance of this pod may exist that the pod does not name yet:
+        adopt it (reconciliation's choice when it made one) rather than create a duplicate."""
+        await self.tracker.polled.wait()
+        listed = self.tracker.for_pod(pod.uid)
+        chosen, memory.adopt = memory.adopt, None
+        if chosen is None or all(i.instance_id != chosen.instance_id for i in listed):
+            chosen = choose_adoptee(listed)
+        if chosen is None:
+            return False
+        log.info("adopting instance %s of pod %s/%s", chosen.instance_id, *pod.key)
+        await self._annotate(
+            pod, memory, chosen, offer_key=chosen.offer_key, price=chosen.price_per_hour
         )
+        self.queue.add(pod.key)
+        return True
+
+    async def _annotate(
+        self, pod: PodView, memory: _Memory, instance: Instance, *, offer_key: str, price: float
+    ) -> JSON:
+        updated = await self._kube.patch_pod_annotations(
+            pod.namespace,
+            pod.name,
+            {
+                ANN_PROVIDER: instance.provider,
+                ANN_INSTANCE: instance.instance_id,
+                ANN_OFFER: offer_key,
+                ANN_PRICE: f"{price:.4f}",
+            },
+            uid=pod.uid,
+        )
+        self._store.update(updated)
+        memory.provider, memory.instance_id = instance.provider, instance.instance_id
+        self.tracker.remember(instance)
+        return updated
+
+    async def _placed(
+        self,
+        pod: PodView,
+        memory: _Memory,
+        result: LaunchResult,
+        previous: Instance | None,
+    ) -> None:
+        """Record a launch on the pod; a relaunch then releases the exited instance.
+
+        The exited instance is released only once the next one exists, so a failed create
+        leaves the pod naming an instance that exists.
+        """
+        instance, offer = result.instance, result.offer
+        assert instance is not None and offer is not None
+        updated = PodView.parse(
+            await self._annotate(
+                pod, memory, instance, offer_key=offer.key, price=offer.price_per_hour
+            )
+        )
+        if previous is not None and previous.instance_id != instance.instance_id:
+            try:
+                await self._providers[previous.provider].delete(
+                    previous.instance_id, grace_seconds=0
+                )
+            except ProviderError as exc:  # reconciliation removes it as an old attempt
+                log.info("releasing %s after a relaunch failed: %s", previous.instance_id, exc)
+        view = ContainerView(
+            updated.container_name,
+            updated.container_image,
+            Waiting("ContainerCreating"),
+            self._container_id(instance.instance_id),
+            self._terminated(previous) if previous is not None else None,
+            updated.status.restart_count + (1 if previous is not None else 0),
+        )
+        await self._write_status(updated, view)
+        self.queue.add_after(pod.key, self._intervals.pod_status_seconds)
 
     async def _unplaceable(
         self,
-        key: PodKey,
-        pod: JSON,
-        memory: _PodMemory,
+        pod: PodView,
+        memory: _Memory,
         result: LaunchResult,
         request: PlacementRequest,
+        previous: Instance | None,
     ) -> None:
-        self._waiting.add(key)
-        delay = self._retry_later(key, memory)
-        wanted = f"{request.gpu_count} GPU" + (
-            f" ({','.join(request.gpu_models)})" if request.gpu_models else ""
+        memory.waiting = True
+        delay = self.queue.add_rate_limited(pod.key, cap=self._intervals.retry_backoff_max_seconds)
+        event = explain.unplaceable(
+            request,
+            result.placement,
+            budget_limited=result.budget_limited,
+            failed_launches=len(result.attempts),
+            retry_in=delay,
         )
-        if result.budget_limited:
-            reason = events.BUDGET_EXCEEDED
-            message = (
-                f"launching {wanted} would exceed a budget cap "
-                f"(offers removed {result.placement.explain()}); retrying in {delay:.0f}s"
+        await self._record(pod, event)
+        if previous is None:
+            await self._write_status(pod, waiting_view(pod, "ContainerCreating", event.message))
+            return
+        view = ContainerView(
+            pod.container_name,
+            pod.container_image,
+            Waiting("CrashLoopBackOff", event.message),
+            self._container_id(previous.instance_id),
+            self._terminated(previous),
+            pod.status.restart_count,
+        )
+        await self._write_status(pod, view)
+
+    async def _invalid(self, pod: PodView, field: str, message: str) -> None:
+        event = explain.invalid_spec(field, message)
+        await self._record(pod, event)
+        view = waiting_view(pod, explain.INVALID_SPEC, event.message)
+        if pod.restart_policy == "Never":
+            await self._write_status(
+                pod, view, phase="Failed", reason=explain.INVALID_SPEC, message=event.message
             )
         else:
-            reason = events.NO_CAPACITY
-            tried = f"; {len(result.attempts)} launch(es) failed" if result.attempts else ""
-            message = (
-                f"no offer fits {wanted}: offers removed {result.placement.explain()}{tried}; "
-                f"retrying in {delay:.0f}s"
+            await self._write_status(pod, view, reason=explain.INVALID_SPEC, message=event.message)
+        # Not retried: the next change of the pod queues it again.
+
+    # ------------------------------------------------------------------ ending
+
+    def _deletion_poll(self, pod: PodView) -> float:
+        # Poll gently: a provider may allow one request a second for all pods together.
+        deadline = pod.deletion_deadline
+        remaining = (deadline - self._now()).total_seconds() if deadline else 0.0
+        return min(1.0, max(remaining, 0.5))
+
+    async def _terminate(self, pod: PodView, sighting: Sighting, grace: float) -> None:
+        placed = pod.placed
+        assert placed is not None  # TERMINATE is only decided for a placed pod
+        instance = sighting.instance
+        if instance is None or instance.state is not InstanceState.TERMINATING:
+            event = explain.Event(
+                explain.NORMAL, explain.KILLING, f"Stopping container {pod.container_name}"
             )
-        await self._events.record(pod, "Warning", reason, message)
-        await self._write_status(pod, waiting_view(pod, "ContainerCreating", message))
+            await self._record(pod, event)
+        try:
+            await self._providers[placed.provider].delete(placed.instance_id, grace_seconds=grace)
+        except ProviderError as exc:
+            log.info("pod %s/%s: stopping its instance failed: %s", *pod.key, exc)
+        else:
+            # The listed state is stale now: the next look asks the provider how it goes.
+            self.tracker.forget(placed.provider, placed.instance_id)
+        self.queue.add_after(pod.key, self._deletion_poll(pod))
 
-    def _room_appeared(self) -> None:
-        """An instance ended or a pod left: pods waiting for capacity or budget try again."""
-        waiting, self._waiting = self._waiting, set()
-        for key in waiting:
-            memory = self._memory.get(key)
-            if memory is not None:
-                memory.not_before = 0.0
-            self.queue.add(key)
+    async def _stop_leftover(self, provider: str, instance_id: str) -> bool:
+        """Ask once more that nothing of the instance stays (it may hold logs or bill)."""
+        try:
+            await self._providers[provider].delete(instance_id, grace_seconds=0)
+        except ProviderError as exc:
+            log.warning("terminating instance %s on %s failed: %s", instance_id, provider, exc)
+            return False
+        return True
 
-    async def _adopt(self, pod: JSON, memory: _PodMemory, instance: Instance, offer: Offer) -> None:
-        namespace, name = pod_key(pod)
-        updated = await self._kube.patch_pod_annotations(
-            namespace,
-            name,
-            {
-                ANN_PROVIDER: offer.provider,
-                ANN_INSTANCE: instance.instance_id,
-                ANN_OFFER: offer.key,
-                ANN_PRICE: f"{offer.price_per_hour:.4f}",
-            },
-            uid=memory.uid,
-        )
-        memory.provider = offer.provider
-        memory.instance_id = instance.instance_id
-        self.tracker.remember(instance)
-        await self._sync_instance(pod_key(pod), updated, instance)
+    async def _finish_deletion(self, pod: PodView, sighting: Sighting) -> None:
+        """Release what is left, then delete the pod from the API.
 
-    # ------------------------------------------------------------------ a running instance
-
-    async def _fail_lost(
-        self, pod: JSON, provider_name: str, annotations: Mapping[str, str], why: str
-    ) -> None:
-        offer_key = annotations.get(ANN_OFFER, "")
-        if offer_key:
-            self._launcher.avoid(offer_key, self._timings.instance_lost_cooldown_seconds)
-        message = (
-            f"instance {annotations.get(ANN_INSTANCE)} on {provider_name} was lost: {why}; "
-            f"offer {offer_key or '?'} avoided for "
-            f"{self._timings.instance_lost_cooldown_seconds:.0f}s"
-        )
-        await self._events.record(pod, "Warning", events.INSTANCE_LOST, message)
-        view = waiting_view(pod, "InstanceLost", message)
-        previous = container_status(pod)
-        started = parse_time(((previous.get("state") or {}).get("running") or {}).get("startedAt"))
-        view = ContainerView(
-            name=view.name,
-            image=view.image,
-            state=Terminated(
-                exit_code=137,
-                reason="InstanceLost",
-                started_at=started,
-                finished_at=datetime.now(UTC),
-                message=message,
-            ),
-            container_id=str(previous.get("containerID") or ""),
-            restart_count=view.restart_count,
-            last_state=view.last_state,
-        )
-        await self._write_status(pod, view, phase="Failed", reason="InstanceLost", message=message)
-        await self._release(pod)
-
-    async def _sync_instance(self, key: PodKey, pod: JSON, instance: Instance) -> None:
-        container = container_spec(pod)
-        name = str(container.get("name", ""))
-        image = str(container.get("image", ""))
-        previous = container_status(pod)
-        restart_count = int(previous.get("restartCount") or 0)
-        last_state = last_termination(pod)
-        container_id = f"vk-provider://{instance.instance_id}"
-        state = instance.state
-        if state is InstanceState.LOST or state in (
-            InstanceState.TERMINATING,
-            InstanceState.TERMINATED,
-        ):
-            # We never asked (no deletionTimestamp): the provider ended it on its own.
-            await self._fail_lost(
-                pod, instance.provider, annotations_of(pod), instance.message or state.value
-            )
-            return
-        if state is InstanceState.PENDING:
-            view = ContainerView(
-                name,
-                image,
-                Waiting("ContainerCreating", instance.message),
-                container_id,
-                last_state,
-                restart_count,
-            )
-            await self._write_status(pod, view)
-            self.queue.add_after(key, self._timings.status_poll_seconds)
-            return
-        if state is InstanceState.RUNNING:
-            recorded = parse_time(
-                ((previous.get("state") or {}).get("running") or {}).get("startedAt")
-            )
-            # Some providers do not say when the container started: keep what we wrote first.
-            started = instance.started_at or recorded or datetime.now(UTC)
-            was_running = bool((previous.get("state") or {}).get("running"))
-            view = ContainerView(
-                name, image, Running(started), container_id, last_state, restart_count
-            )
-            await self._write_status(pod, view, pod_ip=instance.ip)
-            if not was_running:
-                await self._events.record(
-                    pod, "Normal", events.STARTED, f"Started container {name}"
-                )
-            self.queue.add_after(key, self._timings.status_poll_seconds * 5)
-            return
-        # EXITED: the container ended on its own; restartPolicy decides.
-        await self._container_exited(key, pod, instance, container_id, last_state, restart_count)
-
-    async def _container_exited(
-        self,
-        key: PodKey,
-        pod: JSON,
-        instance: Instance,
-        container_id: str,
-        last_state: Terminated | None,
-        restart_count: int,
-    ) -> None:
-        container = container_spec(pod)
-        name, image = str(container.get("name", "")), str(container.get("image", ""))
-        code = instance.exit_code if instance.exit_code is not None else 1
-        terminated = Terminated(
-            exit_code=code,
-            reason="Completed" if code == 0 else "Error",
-            started_at=instance.started_at,
-            finished_at=instance.finished_at or datetime.now(UTC),
-        )
-        policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
-        if policy == "Never" or (policy == "OnFailure" and code == 0):
-            view = ContainerView(name, image, terminated, container_id, last_state, restart_count)
-            await self._write_status(pod, view, pod_ip=instance.ip)
-            await self._release(pod)
-            return
-        delay = backoff(self._timings.restart_backoff_seconds, restart_count)
-        finished = terminated.finished_at or datetime.now(UTC)
-        wait = delay - (datetime.now(UTC) - finished).total_seconds()
-        if wait > 0:
-            message = f"back-off {delay:.0f}s restarting failed container={name} pod={key[1]}"
-            view = ContainerView(
-                name,
-                image,
-                Waiting("CrashLoopBackOff", message),
-                container_id,
-                terminated,
-                restart_count,
-            )
-            if (container_status(pod).get("state") or {}).get("waiting", {}).get(
-                "reason"
-            ) != "CrashLoopBackOff":
-                await self._events.record(pod, "Warning", events.BACK_OFF, message)
-            await self._write_status(pod, view)
-            self.queue.add_after(key, wait)
-            return
-        await self._relaunch(key, pod, instance, terminated, restart_count)
-
-    async def _relaunch(
-        self, key: PodKey, pod: JSON, old: Instance, terminated: Terminated, restart_count: int
-    ) -> None:
-        """Launch the next attempt of a crash-looping container on the same offer.
-
-        The exited instance is released only once the next one exists, so a failed create
-        leaves the pod naming an instance that exists; the pod shows the termination while
-        it waits. A relaunch that can never succeed (the offer is gone, no capacity, refused
-        credentials, an invalid spec) fails the pod so its controller replaces it.
+        When the provider cannot confirm the instance is gone (errors, a slow terminate),
+        the pod is deleted anyway once overdue and the instance, which still carries the
+        pod's UID, is terminated by reconciliation as an orphan.
         """
-        provider = self._providers[old.provider]
-        annotations = annotations_of(pod)
-        container = container_spec(pod)
-        name, image = str(container.get("name", "")), str(container.get("image", ""))
-        waiting = ContainerView(
-            name,
-            image,
-            Waiting("CrashLoopBackOff", "restarting"),
-            f"vk-provider://{old.instance_id}",
-            terminated,
-            restart_count,
-        )
-        await self._write_status(pod, waiting)
-        offers = await self._offers.offers()
-        if not self._offers.answer(old.provider).offers:
-            # The provider gave no offers (breaker open, an outage): not a verdict on the pod.
-            self.queue.add_after(key, self._timings.retry_backoff_seconds)
-            return
-        offer = next((o for o in offers if o.key == annotations.get(ANN_OFFER)), None)
-        if offer is None:
-            await self._fail_lost(pod, old.provider, annotations, "its offer is no longer offered")
-            return
-        # The attempt must be new even if a status write was lost (restartCount stale).
-        attempt = max(restart_count, old.attempt) + 1
-        try:
-            spec = await self._workload(pod, attempt=attempt)
-        except InvalidPodSpec as exc:
-            await self._invalid(pod, exc.field, str(exc))
-            return
-        try:
-            instance = await provider.create(spec, offer)
-        except (CapacityUnavailable, AuthFailed, InvalidSpec) as exc:
-            await self._fail_lost(
-                pod, old.provider, annotations, f"relaunch refused: {type(exc).__name__}: {exc}"
+        placed = pod.placed
+        if (
+            placed is not None
+            and placed.provider in self._providers
+            and not await self._stop_leftover(placed.provider, placed.instance_id)
+        ):
+            log.warning(
+                "pod %s/%s: instance not confirmed gone; deleting the pod, "
+                "reconciliation terminates the instance",
+                *pod.key,
             )
-            return
-        namespace, pod_name = pod_key(pod)
-        view = ContainerView(
-            name,
-            image,
-            Waiting("ContainerCreating"),
-            f"vk-provider://{instance.instance_id}",
-            terminated,
-            restart_count + 1,
-        )
-        updated = await self._kube.patch_pod_annotations(
-            namespace, pod_name, {ANN_INSTANCE: instance.instance_id}, uid=str(meta(pod)["uid"])
-        )
-        if instance.instance_id != old.instance_id:
-            try:
-                await provider.delete(old.instance_id, grace_seconds=0)
-            except ProviderError as exc:  # reconciliation removes it as an old attempt
-                log.info("releasing %s after relaunch failed: %s", old.instance_id, exc)
-        self.tracker.remember(instance)
+        await self._kube.delete_pod_now(pod.namespace, pod.name, uid=pod.uid)
+        self._drop(pod.key, pod.uid, placed.offer_key if placed else None)
+
+    async def _release(self, pod: PodView) -> None:
+        """A terminal pod keeps no instance running and holds no budget.
+
+        Only an instance the provider may still have is deleted: deleting a released one again
+        would also drop what the provider retains for it (logs, until the pod is deleted).
+        """
+        placed = pod.placed
+        if placed is not None and placed.provider in self._providers:
+            known = self.tracker.get(placed.provider, placed.instance_id)
+            if known is not None or not self.tracker.fresh(placed.provider):
+                try:
+                    await self._providers[placed.provider].delete(
+                        placed.instance_id, grace_seconds=0
+                    )
+                    self.tracker.forget(placed.provider, placed.instance_id)
+                except NotFound:
+                    self.tracker.forget(placed.provider, placed.instance_id)
+                except ProviderError as exc:
+                    log.info("pod %s/%s: releasing its instance: %s", *pod.key, exc)
+                    self.queue.add_rate_limited(pod.key, cap=SYNC_ERROR_CAP_SECONDS)
+        if self._ledger.release(pod.uid):
+            self._room_appeared(placed.offer_key if placed else None)
+
+    async def _forget(self, key: PodKey) -> None:
+        """The pod is gone from the API (e.g. force-deleted): its instance must go too."""
         memory = self._memory.get(key)
-        if memory is not None:
-            memory.instance_id = instance.instance_id
-        await self._write_status(updated, view)
-        self.queue.add_after(key, self._timings.status_poll_seconds)
+        if memory is None:
+            self.queue.drop(key)
+            return
+        if (
+            memory.provider in self._providers
+            and memory.instance_id
+            and not await self._stop_leftover(memory.provider, memory.instance_id)
+        ):
+            # Still costs money: stays remembered (and in the budget) until it is gone.
+            self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
+            return
+        self._drop(key, memory.uid, memory.offer_key)
 
-    # ------------------------------------------------------------------ running it
-
-    async def run_workers(self) -> None:
-        await asyncio.gather(*(self.worker() for _ in range(self._workers)))
+    def _drop(self, key: PodKey, uid: str, offer_key: str | None = None) -> None:
+        self._memory.pop(key, None)
+        self.queue.drop(key)
+        self._events.forget(uid)
+        if self._ledger.release(uid):
+            self._room_appeared(offer_key)

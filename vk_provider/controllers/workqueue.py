@@ -1,12 +1,23 @@
-"""A keyed work queue, as client-go's: one worker per key at a time, duplicates collapsed.
+"""A keyed work queue with per-key back-off, as client-go's rate-limited work queue.
 
 Keys are added by watch events and timers; workers ``get()`` a key, sync it, and call
 ``done()``. A key added while it is being processed is marked dirty and handed out again
 after ``done()``, so the latest state is always synced and never by two workers at once.
-``add_after`` schedules a key later (backoff); an earlier ``add`` supersedes it.
 
-Invariants: a key is in at most one of {queued, processing}; ``get`` never returns a key
-that is being processed.
+Back-off is the queue's, per key, and the only back-off of the controllers:
+
+- ``add_after(key, delay)`` schedules a key later (a poll); an earlier ``add`` supersedes it.
+- ``add_rate_limited(key)`` schedules it after the key's next exponential back-off (``base``
+  doubled per failure since the last ``forget``, at most ``cap``; at least ``at_least``, e.g.
+  a server's ``Retry-After``) and *holds* the key until then: ``held_for(key)`` says how long,
+  so a sync that runs early (a watch event, our own status write) can decline to retry the
+  launch before its time. Deletion and status work never look at the hold.
+- ``forget(key)`` ends the hold and resets the key's failure count (a success, or room that
+  appeared for pods waiting on capacity).
+
+Invariants: a key is in at most one of {queued, processing}; ``get`` never returns a key that
+is being processed; time is the event loop's (``loop.time()``), so tests run the queue on
+simulated time (looptime) with exact delays.
 """
 
 from __future__ import annotations
@@ -14,23 +25,48 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
 
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Per-key exponential back-off: ``base * 2**(failures - 1)``, at most ``cap``."""
+
+    base: float = 5.0
+    cap: float = 300.0
+
+    def delay(self, failures: int) -> float:
+        return float(min(self.base * (2 ** max(failures - 1, 0)), self.cap))
+
+
 class WorkQueue(Generic[K]):
-    def __init__(self) -> None:
+    def __init__(self, backoff: Backoff | None = None) -> None:
+        self._backoff = backoff or Backoff()
         self._queue: deque[K] = deque()
         self._queued: set[K] = set()
         self._processing: set[K] = set()
         self._dirty: set[K] = set()
         self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._failures: dict[K, int] = {}
+        self._held: dict[K, float] = {}  # key -> loop time until which launches wait
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._queue)
+
+    @property
+    def depth(self) -> int:
+        """Keys waiting for a worker (not counting scheduled ones)."""
+        return len(self._queue)
+
+    @property
+    def scheduled(self) -> int:
+        """Keys waiting for a timer (polls and back-offs)."""
+        return len(self._timers)
 
     def _enqueue(self, key: K) -> None:
         if key in self._processing:
@@ -49,7 +85,7 @@ class WorkQueue(Generic[K]):
                 return
 
     def add(self, key: K) -> None:
-        """Queue ``key`` now (cancelling a pending ``add_after``)."""
+        """Queue ``key`` now (cancelling a pending ``add_after``; a hold stays)."""
         if self._closed:
             return
         timer = self._timers.pop(key, None)
@@ -70,10 +106,43 @@ class WorkQueue(Generic[K]):
         existing = self._timers.get(key)
         due = loop.time() + delay
         if existing is not None and existing.when() <= due:
-            return  # an earlier retry is already scheduled
+            return  # an earlier wake-up is already scheduled
         if existing is not None:
             existing.cancel()
         self._timers[key] = loop.call_at(due, self._fire, key)
+
+    def add_rate_limited(self, key: K, *, at_least: float = 0.0, cap: float | None = None) -> float:
+        """Queue ``key`` after its next back-off and hold it until then; returns the delay."""
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        delay = self._backoff.delay(failures)
+        if cap is not None:
+            delay = min(delay, cap)
+        delay = max(delay, at_least)
+        if not self._closed:
+            self._held[key] = asyncio.get_running_loop().time() + delay
+        self.add_after(key, delay)
+        return delay
+
+    def held_for(self, key: K) -> float:
+        """Seconds the key's back-off still holds it (0 when it is not held)."""
+        until = self._held.get(key)
+        if until is None:
+            return 0.0
+        remaining = until - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            del self._held[key]
+            return 0.0
+        return remaining
+
+    def failures(self, key: K) -> int:
+        """Rate-limited requeues of ``key`` since it was last forgotten."""
+        return self._failures.get(key, 0)
+
+    def forget(self, key: K) -> None:
+        """Reset the key's back-off and end its hold."""
+        self._failures.pop(key, None)
+        self._held.pop(key, None)
 
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
@@ -104,6 +173,13 @@ class WorkQueue(Generic[K]):
         if key in self._dirty:
             self._dirty.discard(key)
             self.add(key)
+
+    def drop(self, key: K) -> None:
+        """Forget everything about ``key`` (its object is gone): timers, hold, failures."""
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        self.forget(key)
 
     def close(self) -> None:
         self._closed = True

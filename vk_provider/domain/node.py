@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from vk_provider import __version__
 from vk_provider.domain.models import Offer
-from vk_provider.domain.podview import JSON
+from vk_provider.domain.podview import JSON, rfc3339
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,15 +93,6 @@ def node_labels(name: str, extra: Mapping[str, str]) -> dict[str, str]:
         "kubernetes.io/arch": "amd64",
         "node.kubernetes.io/instance-type": "vk-provider",
     }
-
-
-def rfc3339(now: datetime) -> str:
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def micro_time(now: datetime) -> str:
-    """A MicroTime: always six fractional digits (the API server rejects other forms)."""
-    return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def node_status(

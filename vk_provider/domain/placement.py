@@ -17,27 +17,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vk_provider.domain.budget import BudgetView
-from vk_provider.domain.models import Offer, WorkloadSpec
-
-ANNOTATION_PREFIX = "vk-provider.io/"
-MAX_PRICE = ANNOTATION_PREFIX + "max-price"
-REGIONS = ANNOTATION_PREFIX + "regions"
-PROVIDERS = ANNOTATION_PREFIX + "providers"
-CAPACITY_TYPE = ANNOTATION_PREFIX + "capacity-type"
+from vk_provider.domain.models import Offer
 
 
 class CapacityType(enum.Enum):
     ON_DEMAND = "on-demand"
     SPOT = "spot"
     ANY = "any"
-
-
-class InvalidRequest(ValueError):
-    """A placement annotation is malformed; ``field`` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,42 +37,6 @@ class PlacementRequest:
     max_price_per_hour: float | None = None
     capacity_type: CapacityType = CapacityType.ON_DEMAND
     providers: tuple[str, ...] = ()
-
-    @classmethod
-    def from_workload(cls, spec: WorkloadSpec, annotations: Mapping[str, str]) -> PlacementRequest:
-        """Read the placement annotations of PRODUCT.md §6; raises ``InvalidRequest``."""
-        max_price: float | None = None
-        if MAX_PRICE in annotations:
-            field_name = f"metadata.annotations['{MAX_PRICE}']"
-            try:
-                max_price = float(annotations[MAX_PRICE])
-            except ValueError:
-                raise InvalidRequest(field_name, "must be a number of $/hour") from None
-            if not max_price >= 0:
-                raise InvalidRequest(field_name, "must be zero or more")
-        capacity = annotations.get(CAPACITY_TYPE, CapacityType.ON_DEMAND.value)
-        try:
-            capacity_type = CapacityType(capacity.strip())
-        except ValueError:
-            raise InvalidRequest(
-                f"metadata.annotations['{CAPACITY_TYPE}']",
-                "must be one of on-demand, spot, any",
-            ) from None
-        return cls(
-            gpu_count=spec.gpu_count,
-            gpu_models=spec.gpu_models,
-            min_gpu_memory_gib=spec.min_gpu_memory_gib,
-            cpu=spec.cpu,
-            memory_gib=spec.memory_bytes / 2**30,
-            regions=_split(annotations.get(REGIONS, "")),
-            max_price_per_hour=max_price,
-            capacity_type=capacity_type,
-            providers=_split(annotations.get(PROVIDERS, "")),
-        )
-
-
-def _split(value: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
 def gpu_matches(wanted: str, offered: str | None) -> bool:

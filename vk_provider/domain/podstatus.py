@@ -12,41 +12,21 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from vk_provider.domain import podview
+from vk_provider.domain.podview import (
+    TERMINAL_PHASES,
+    ContainerState,
+    PodView,
+    Running,
+    Terminated,
+    Waiting,
+    rfc3339,
+)
 
 JSON = dict[str, Any]
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    reason: str
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Running:
-    started_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Terminated:
-    exit_code: int
-    reason: str
-    started_at: datetime | None
-    finished_at: datetime | None
-    message: str = ""
-
-
-ContainerState = Waiting | Running | Terminated
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,31 +39,14 @@ class ContainerView:
     restart_count: int = 0
 
 
-def terminated_from_json(body: Mapping[str, Any]) -> Terminated:
-    return Terminated(
-        exit_code=int(body.get("exitCode", 0)),
-        reason=str(body.get("reason", "")),
-        started_at=podview.parse_time(body.get("startedAt")),
-        finished_at=podview.parse_time(body.get("finishedAt")),
-        message=str(body.get("message", "")),
-    )
-
-
-def last_termination(pod: Mapping[str, Any]) -> Terminated | None:
-    """The container's last termination, as the pod's status records it."""
-    last = (podview.container_status(pod).get("lastState") or {}).get("terminated")
-    return terminated_from_json(last) if last else None
-
-
-def waiting_view(pod: Mapping[str, Any], reason: str, message: str = "") -> ContainerView:
+def waiting_view(pod: PodView, reason: str, message: str = "") -> ContainerView:
     """The container waiting for ``reason``, keeping its restart count and last termination."""
-    container = podview.container_spec(pod)
     return ContainerView(
-        name=str(container.get("name", "")),
-        image=str(container.get("image", "")),
+        name=pod.container_name,
+        image=pod.container_image,
         state=Waiting(reason=reason, message=message),
-        restart_count=podview.restart_count(pod),
-        last_state=last_termination(pod),
+        restart_count=pod.status.restart_count,
+        last_state=pod.status.last_termination,
     )
 
 
@@ -154,7 +117,7 @@ def pod_phase(view: ContainerView, restart_policy: str) -> str:
 
 
 def pod_status(
-    pod: JSON,
+    pod: PodView,
     view: ContainerView,
     *,
     now: datetime,
@@ -165,12 +128,11 @@ def pod_status(
     message: str = "",
 ) -> JSON:
     """The full status to write (phase is derived from ``view`` unless given)."""
-    current: JSON = pod.get("status") or {}
-    restart_policy = str((pod.get("spec") or {}).get("restartPolicy") or "Always")
-    phase = phase or pod_phase(view, restart_policy)
+    current: JSON = pod.raw.get("status") or {}
+    phase = phase or pod_phase(view, pod.restart_policy)
     previous = {c.get("type"): c for c in current.get("conditions") or []}
     running = isinstance(view.state, Running)
-    terminal = phase in ("Succeeded", "Failed")
+    terminal = phase in TERMINAL_PHASES
     ready = running and not terminal
     not_ready = "PodCompleted" if terminal else "ContainersNotReady"
     conditions = [

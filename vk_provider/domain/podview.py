@@ -1,75 +1,264 @@
-"""Reading pods as the API serves them (JSON dicts), and the annotations the agent owns.
+"""A pod as the agent reads it: parsed once from the API's JSON into a typed, frozen view.
 
-Pure accessors, so that every module reads a pod the same way and a missing field is an
-empty value, never a ``KeyError``.
+``PodView.parse(pod)`` reads everything the agent's decisions need — identity, phase,
+deletion, restart policy, where the pod runs (the annotations the agent owns), its container
+and what the status last said about it, the resources it holds — so that no other module
+re-reads the raw dict for those. The raw object stays available (``raw``) for the two places
+that need the whole pod: translation into a workload and writing status back.
+
+Also here: the annotation names of PRODUCT.md §6, the container state value types
+(``Waiting``, ``Running``, ``Terminated``), and ``PodPlacement``, the read-only summary of a
+placed pod for the REST API and the metrics.
+
+Invariants:
+- Pure; parsing never raises on a malformed pod: a missing or ill-typed field reads as empty
+  (translation, which does raise, names the field).
+- ``TERMINAL_PHASES`` is the one spelling of "the pod has ended".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 JSON = dict[str, Any]
 PodKey = tuple[str, str]  # (namespace, name)
 
+ANNOTATION_PREFIX = "vk-provider.io/"
 # Annotations the agent writes (PRODUCT.md §6); together they make a pod restart-safe.
-ANN_PROVIDER = "vk-provider.io/provider"
-ANN_INSTANCE = "vk-provider.io/instance-id"
-ANN_OFFER = "vk-provider.io/offer"
-ANN_PRICE = "vk-provider.io/price-per-hour"
+ANN_PROVIDER = ANNOTATION_PREFIX + "provider"
+ANN_INSTANCE = ANNOTATION_PREFIX + "instance-id"
+ANN_OFFER = ANNOTATION_PREFIX + "offer"
+ANN_PRICE = ANNOTATION_PREFIX + "price-per-hour"
+# Annotations the user writes (PRODUCT.md §6).
+ANN_GPU = ANNOTATION_PREFIX + "gpu"
+ANN_MIN_GPU_MEMORY = ANNOTATION_PREFIX + "min-gpu-memory"
+ANN_MAX_PRICE = ANNOTATION_PREFIX + "max-price"
+ANN_REGIONS = ANNOTATION_PREFIX + "regions"
+ANN_PROVIDERS = ANNOTATION_PREFIX + "providers"
+ANN_CAPACITY_TYPE = ANNOTATION_PREFIX + "capacity-type"
 
-TERMINAL_PHASES = ("Succeeded", "Failed")
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+RESTART_POLICIES = frozenset({"Always", "OnFailure", "Never"})
 
 
-def meta(pod: Mapping[str, Any]) -> JSON:
-    return dict(pod.get("metadata") or {})
+# --------------------------------------------------------------------------- container states
 
 
-def annotations_of(pod: Mapping[str, Any]) -> dict[str, str]:
-    return dict(meta(pod).get("annotations") or {})
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    started_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Terminated:
+    exit_code: int
+    reason: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    message: str = ""
+
+
+ContainerState = Waiting | Running | Terminated
+
+
+# --------------------------------------------------------------------------- loose readers
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def rfc3339(moment: datetime) -> str:
+    """A Time as the API writes it: seconds precision, UTC, ``Z``."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def micro_time(moment: datetime) -> str:
+    """A MicroTime: always six fractional digits (the API server rejects other forms)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(value: object) -> datetime | None:
+    """An RFC 3339 time as the API writes it (``...Z``); None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def terminated_from_json(body: Mapping[str, Any]) -> Terminated:
+    return Terminated(
+        exit_code=_int(body.get("exitCode")),
+        reason=_text(body.get("reason")),
+        started_at=parse_time(body.get("startedAt")),
+        finished_at=parse_time(body.get("finishedAt")),
+        message=_text(body.get("message")),
+    )
+
+
+def _state(body: Mapping[str, Any]) -> ContainerState | None:
+    if "running" in body:
+        started = parse_time(_mapping(body["running"]).get("startedAt"))
+        return Running(started) if started else None
+    if "terminated" in body:
+        return terminated_from_json(_mapping(body["terminated"]))
+    if "waiting" in body:
+        waiting = _mapping(body["waiting"])
+        return Waiting(_text(waiting.get("reason")), _text(waiting.get("message")))
+    return None
+
+
+# --------------------------------------------------------------------------- the view
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerStatus:
+    """What the pod's status last said about one container."""
+
+    name: str = ""
+    state: ContainerState | None = None
+    last_termination: Terminated | None = None
+    restart_count: int = 0
+    container_id: str = ""
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> ContainerStatus:
+        last = _mapping(_mapping(body.get("lastState")).get("terminated"))
+        return cls(
+            name=_text(body.get("name")),
+            state=_state(_mapping(body.get("state"))),
+            last_termination=terminated_from_json(last) if last else None,
+            restart_count=_int(body.get("restartCount")),
+            container_id=_text(body.get("containerID")),
+        )
+
+    @property
+    def running_since(self) -> datetime | None:
+        return self.state.started_at if isinstance(self.state, Running) else None
+
+    @property
+    def waiting_reason(self) -> str:
+        return self.state.reason if isinstance(self.state, Waiting) else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where the agent's annotations say the pod runs."""
+
+    provider: str
+    instance_id: str
+    offer_key: str
+    price_per_hour: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    key: PodKey
+    uid: str
+    resource_version: str
+    node_name: str
+    phase: str
+    deletion_deadline: datetime | None  # deletionTimestamp: gone by then, at the latest
+    restart_policy: str
+    annotations: Mapping[str, str]
+    placed: Placed | None
+    container_name: str
+    container_image: str
+    status: ContainerStatus
+    controlled: bool  # a controller (ReplicaSet, Job, ...) owns it and would replace it
+    raw: JSON = field(repr=False, compare=False)
+
+    @classmethod
+    def parse(cls, pod: Mapping[str, Any]) -> PodView:
+        metadata = _mapping(pod.get("metadata"))
+        spec = _mapping(pod.get("spec"))
+        status = _mapping(pod.get("status"))
+        annotations = {
+            str(k): v
+            for k, v in _mapping(metadata.get("annotations")).items()
+            if isinstance(v, str)
+        }
+        containers = _list(spec.get("containers"))
+        container = _mapping(containers[0]) if containers else {}
+        statuses = _list(status.get("containerStatuses"))
+        policy = _text(spec.get("restartPolicy")) or "Always"
+        owners = _list(metadata.get("ownerReferences"))
+        return cls(
+            key=(_text(metadata.get("namespace")), _text(metadata.get("name"))),
+            uid=_text(metadata.get("uid")),
+            resource_version=_text(metadata.get("resourceVersion")),
+            node_name=_text(spec.get("nodeName")),
+            phase=_text(status.get("phase")) or "Pending",
+            deletion_deadline=parse_time(metadata.get("deletionTimestamp")),
+            restart_policy=policy if policy in RESTART_POLICIES else "Always",
+            annotations=annotations,
+            placed=_placed(annotations),
+            container_name=_text(container.get("name")),
+            container_image=_text(container.get("image")),
+            status=ContainerStatus.parse(_mapping(statuses[0]) if statuses else {}),
+            controlled=any(_mapping(o).get("controller") is True for o in owners),
+            raw=dict(pod),
+        )
+
+    @property
+    def namespace(self) -> str:
+        return self.key[0]
+
+    @property
+    def name(self) -> str:
+        return self.key[1]
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def deleting(self) -> bool:
+        return self.deletion_deadline is not None
+
+    @property
+    def start_time(self) -> datetime | None:
+        return parse_time(_mapping(self.raw.get("status")).get("startTime"))
+
+
+def _placed(annotations: Mapping[str, str]) -> Placed | None:
+    provider = annotations.get(ANN_PROVIDER)
+    instance_id = annotations.get(ANN_INSTANCE)
+    if not provider or not instance_id:
+        return None
+    try:
+        price: float | None = float(annotations.get(ANN_PRICE, ""))
+    except ValueError:
+        price = None
+    return Placed(provider, instance_id, annotations.get(ANN_OFFER, ""), price)
 
 
 def pod_key(pod: Mapping[str, Any]) -> PodKey:
-    metadata = meta(pod)
-    return (str(metadata.get("namespace")), str(metadata.get("name")))
-
-
-def uid(pod: Mapping[str, Any]) -> str:
-    return str(meta(pod).get("uid", ""))
-
-
-def phase(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("status") or {}).get("phase") or "Pending")
-
-
-def is_terminal(pod: Mapping[str, Any]) -> bool:
-    return phase(pod) in TERMINAL_PHASES
-
-
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def container_spec(pod: Mapping[str, Any]) -> JSON:
-    """The pod's (single) container, or an empty dict."""
-    return dict(((pod.get("spec") or {}).get("containers") or [{}])[0])
-
-
-def container_status(pod: Mapping[str, Any]) -> JSON:
-    """The status of the pod's (single) container, or an empty dict."""
-    return dict(((pod.get("status") or {}).get("containerStatuses") or [{}])[0])
-
-
-def restart_count(pod: Mapping[str, Any]) -> int:
-    return int(container_status(pod).get("restartCount") or 0)
-
-
-def restart_policy(pod: Mapping[str, Any]) -> str:
-    return str((pod.get("spec") or {}).get("restartPolicy") or "Always")
+    metadata = _mapping(pod.get("metadata"))
+    return (_text(metadata.get("namespace")), _text(metadata.get("name")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,3 +274,20 @@ class PodPlacement:
     price_per_hour: float
     phase: str
     since: datetime | None
+
+    @classmethod
+    def of(cls, pod: PodView) -> PodPlacement | None:
+        """The placement of a live, placed pod; None for others."""
+        if pod.placed is None or pod.terminal:
+            return None
+        return cls(
+            namespace=pod.namespace,
+            name=pod.name,
+            uid=pod.uid,
+            provider=pod.placed.provider,
+            instance_id=pod.placed.instance_id,
+            offer=pod.placed.offer_key,
+            price_per_hour=pod.placed.price_per_hour or 0.0,
+            phase=pod.phase,
+            since=pod.start_time,
+        )

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from vk_provider.domain.podstatus import rfc3339
+from vk_provider.domain.podview import rfc3339
 from vk_provider.kube.client import ApiError, KubeClient
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,9 @@ from typing import Literal
 import yaml
 from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
+from vk_provider.domain.budget import BudgetCaps
 from vk_provider.domain.node import NodeCaps
+from vk_provider.domain.placement import PlacementPolicy
 from vk_provider.settings.providers import ProviderSettings
 from vk_provider.settings.secrets import ConfigError, SecretRef, Strict
 
@@ -109,6 +111,23 @@ class IntervalsConfig(Strict):
     instance_lost_cooldown_seconds: float = Field(
         300, ge=0, description="How long an offer whose instance was lost is avoided."
     )
+    pod_watch_timeout_seconds: int = Field(
+        60, ge=5, le=3600, description="Server-side timeout of one pod watch request."
+    )
+    deletion_slack_seconds: float = Field(
+        5,
+        ge=0,
+        le=600,
+        description="How far past its grace period a deleted pod may stay while its instance "
+        "stops; then the pod is deleted and reconciliation finishes the termination.",
+    )
+    termination_deadline_seconds: float = Field(
+        120,
+        gt=0,
+        le=86400,
+        description="A termination the provider has not confirmed after this long is overdue: "
+        "reconciliation asks again, with back-off, and counts it.",
+    )
 
 
 class _Listener(Strict):
@@ -168,6 +187,14 @@ class BudgetConfig(Strict):
         None, ge=0, description="Cap for namespaces not listed; none means no cap."
     )
 
+    @property
+    def caps(self) -> BudgetCaps:
+        return BudgetCaps(
+            global_per_hour=self.global_per_hour,
+            per_namespace=dict(self.namespaces),
+            default_namespace_per_hour=self.default_namespace_per_hour,
+        )
+
     @field_validator("namespaces")
     @classmethod
     def _non_negative(cls, value: dict[str, float]) -> dict[str, float]:
@@ -196,6 +223,15 @@ class PlacementConfig(Strict):
     low_availability_penalty: float = Field(0.05, ge=0, le=1, description="Price penalty.")
     startup_penalty_per_minute: float = Field(0.01, ge=0, le=1, description="Price penalty.")
     failure_penalty: float = Field(0.10, ge=0, le=1, description="Per recent failure.")
+
+    @property
+    def policy(self) -> PlacementPolicy:
+        """The ranking penalties, as the pure ``place()`` takes them."""
+        return PlacementPolicy(
+            low_availability_penalty=self.low_availability_penalty,
+            startup_penalty_per_minute=self.startup_penalty_per_minute,
+            failure_penalty=self.failure_penalty,
+        )
 
 
 class AgentConfig(Strict):

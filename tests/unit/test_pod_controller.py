@@ -1,0 +1,278 @@
+"""The pod controller and reconciliation on a fake API, in-memory providers and simulated time.
+
+Every test runs the production controllers (``controller_harness.Core``) on looptime: a
+minute of agent time passes in a millisecond, delays are exact, nothing sleeps for real. A
+test fails if it leaves a task running (``no_leftover_tasks``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.unit.controller_harness import Core, gpu_offer, memory_provider, pod_manifest
+from vk_provider.domain.budget import BudgetCaps
+from vk_provider.domain.errors import CapacityUnavailable, Transient
+from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
+from vk_provider.domain.podview import ANN_INSTANCE, ANN_OFFER, ANN_PROVIDER
+
+pytestmark = [pytest.mark.looptime, pytest.mark.usefixtures("no_leftover_tasks")]
+
+
+@pytest.fixture
+async def no_leftover_tasks() -> AsyncIterator[None]:
+    yield
+    current = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() if t is not current and not t.done()]
+    assert not left, f"tasks left running: {[t.get_name() for t in left]}"
+
+
+def spec(uid: str, attempt: int = 0) -> WorkloadSpec:
+    return WorkloadSpec(
+        pod_uid=uid,
+        namespace="ns",
+        pod_name="p",
+        container_name="main",
+        image="img",
+        attempt=attempt,
+    )
+
+
+async def test_a_pod_is_placed_and_runs() -> None:
+    cheap = memory_provider("cheap", gpu_offer(price=1.0))
+    dear = memory_provider("dear", gpu_offer(price=3.0))
+    core = Core(cheap, dear)
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("infer"))
+        await core.until(lambda: core.phase("infer") == "Running", what="Running")
+    assert core.annotation("infer", ANN_PROVIDER) == "cheap"
+    assert core.annotation("infer", ANN_OFFER) == "cheap/a100/local"
+    status = core.container_status("infer")
+    assert status["ready"] is True
+    assert status["containerID"] == f"vk-provider://{core.annotation('infer', ANN_INSTANCE)}"
+    assert core.kube.reasons("infer") == ["ProviderSelected", "Started"]
+    assert len(cheap.instances()) == 1
+    assert dear.instances() == []
+
+
+async def test_a_crash_looping_container_restarts_with_back_off_through_the_launcher() -> None:
+    provider = memory_provider("mem", gpu_offer())
+    core = Core(provider)
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("crashy"))
+        await core.until(lambda: core.phase("crashy") == "Running", what="Running")
+        first = core.annotation("crashy", ANN_INSTANCE)
+        assert first is not None
+        exited_at = asyncio.get_running_loop().time()
+        provider.exit(first, 2)
+        await core.until(
+            lambda: (
+                core.container_status("crashy")["state"].get("waiting", {}).get("reason")
+                == "CrashLoopBackOff"
+            ),
+            what="CrashLoopBackOff",
+        )
+        await core.until(
+            lambda: core.annotation("crashy", ANN_INSTANCE) not in (None, first),
+            what="a relaunched instance",
+        )
+        # The first restart waits the configured 10 s back-off, not less.
+        assert asyncio.get_running_loop().time() - exited_at >= 10.0
+        await core.until(lambda: core.container_status("crashy").get("ready"), what="Ready")
+    status = core.container_status("crashy")
+    assert status["restartCount"] == 1
+    assert status["lastState"]["terminated"]["exitCode"] == 2
+    assert core.kube.reasons("crashy").count("BackOff") == 1
+    # Released only once the next attempt existed: one instance left, the new one.
+    assert [i.instance_id for i in provider.instances()] == [
+        core.annotation("crashy", ANN_INSTANCE)
+    ]
+    assert provider.instances()[0].attempt == 1
+
+
+async def test_a_relaunch_over_budget_is_refused_and_creates_nothing() -> None:
+    provider = memory_provider("mem", gpu_offer(price=1.5))
+    core = Core(provider, budget=BudgetCaps(global_per_hour=2.0))
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("crashy"))
+        await core.until(lambda: core.phase("crashy") == "Running", what="Running")
+        # After an agent restart with a lower cap, another pod's instance is counted: the
+        # budget now holds 1.5 + 1.0 against a cap of 2.0.
+        core.ledger.commit("other-pod", namespace="ns", provider="mem", price=1.0)
+        creates = provider.calls["create"]
+        first = core.annotation("crashy", ANN_INSTANCE)
+        assert first is not None
+        provider.exit(first, 1)
+        await core.until(lambda: "BudgetExceeded" in core.kube.reasons("crashy"), what="refusal")
+        await asyncio.sleep(120)  # the back-off retries; the cap still holds
+    assert provider.calls["create"] == creates
+    assert core.annotation("crashy", ANN_INSTANCE) == first
+    waiting = core.container_status("crashy")["state"]["waiting"]
+    assert waiting["reason"] == "CrashLoopBackOff"
+    assert "budget cap" in waiting["message"]
+
+
+async def test_a_relaunch_on_a_full_offer_fails_over() -> None:
+    home = memory_provider("home", gpu_offer(price=1.0))
+    spare = memory_provider("spare", gpu_offer(price=2.0))
+    core = Core(home, spare)
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("crashy"))
+        await core.until(lambda: core.phase("crashy") == "Running", what="Running")
+        first = core.annotation("crashy", ANN_INSTANCE)
+        assert first is not None and core.annotation("crashy", ANN_PROVIDER) == "home"
+        home.fail_next("create", CapacityUnavailable("sold out", provider="home"))
+        home.exit(first, 1)
+        await core.until(
+            lambda: core.annotation("crashy", ANN_PROVIDER) == "spare", what="failover"
+        )
+        await core.until(lambda: core.container_status("crashy").get("ready"), what="Ready")
+    assert core.container_status("crashy")["restartCount"] == 1
+    assert "ProviderCreateFailed" in core.kube.reasons("crashy")
+    assert home.instances() == []  # the exited attempt was released after the failover
+    assert len(spare.instances()) == 1
+
+
+async def test_adoption_keeps_the_instance_reconciliation_chose() -> None:
+    """A crash left two instances of an unannotated pod: attempt 0 running, attempt 1 still
+    pending. Placement used to adopt the highest attempt while reconciliation kept the most
+    alive one and terminated the other as a duplicate: both went and the pod failed."""
+    provider = memory_provider("mem", gpu_offer(startup_seconds=600))
+    core = Core(provider, intervals={"orphan_grace_seconds": 5})
+    manifest = pod_manifest("survivor")
+    created = await core.kube.create_pod(manifest)
+    uid = created["metadata"]["uid"]
+    offer = (await provider.offers())[0]
+    running = await provider.create(spec(uid, 0), offer)
+    provider._records[running.instance_id].startup = 0
+    pending = await provider.create(spec(uid, 1), offer)
+    async with core.running():
+        await core.until(lambda: core.phase("survivor") == "Running", what="Running")
+        await core.until(lambda: len(provider.instances()) == 1, what="the duplicate gone")
+        await asyncio.sleep(60)  # several more reconcile cycles: nothing else goes
+    assert core.annotation("survivor", ANN_INSTANCE) == running.instance_id
+    assert [i.instance_id for i in provider.instances()] == [running.instance_id]
+    assert pending.instance_id not in {i.instance_id for i in provider.instances()}
+    assert "InstanceLost" not in core.kube.reasons("survivor")
+
+
+async def test_a_deleted_pod_stops_its_instance_and_goes() -> None:
+    provider = memory_provider("mem", gpu_offer())
+    provider.terminate_seconds = 3.0
+    core = Core(provider)
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("gone"))
+        await core.until(lambda: core.phase("gone") == "Running", what="Running")
+        await core.kube.request_deletion("ns", "gone", grace=10)
+        await core.until(lambda: core.kube.pod("ns", "gone") is None, what="pod deleted")
+        elapsed_ok = provider.instances() == []
+    assert elapsed_ok
+    assert "Killing" in core.kube.reasons("gone")
+    assert core.ledger.total_per_hour() == 0.0
+
+
+async def test_a_lost_instance_fails_the_pod_and_avoids_the_offer() -> None:
+    first = memory_provider("first", gpu_offer(price=1.0))
+    second = memory_provider("second", gpu_offer(price=2.0))
+    core = Core(first, second)
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("victim"))
+        await core.until(lambda: core.phase("victim") == "Running", what="Running")
+        instance_id = core.annotation("victim", ANN_INSTANCE)
+        assert instance_id is not None
+        first.lose(instance_id, "preempted")
+        await core.until(lambda: core.phase("victim") == "Failed", what="Failed")
+        # Its controller's replacement avoids the offer that lost it.
+        await core.kube.create_pod(pod_manifest("replacement"))
+        await core.until(lambda: core.phase("replacement") == "Running", what="Running")
+    assert core.annotation("replacement", ANN_PROVIDER) == "second"
+    assert "InstanceLost" in core.kube.reasons("victim")
+    assert first.instances() == []  # the lost instance was released too
+
+
+async def test_unplaceable_pods_retry_on_the_queues_back_off_only() -> None:
+    provider = memory_provider("mem", gpu_offer(capacity=0))
+    core = Core(provider)
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("waiting"))
+        await core.until(lambda: "NoCapacity" in core.kube.reasons("waiting"), what="NoCapacity")
+        start = asyncio.get_running_loop().time()
+        offers_before = provider.calls["offers"]
+        await asyncio.sleep(75)
+    # Back-off doubling from 5 s: retries at +5, +10, +20, +40 (= 75 s): four more placements,
+    # whatever our own status writes and events did to the watch meanwhile. Offers are cached
+    # for 30 s, so the placements ask for them at most 75 / 30 + 1 times.
+    events = [e for e in core.kube.events if e["reason"] == "NoCapacity"]
+    assert sum(e["count"] for e in events) == 5, events
+    assert provider.calls["offers"] - offers_before <= 3
+    assert asyncio.get_running_loop().time() - start == pytest.approx(75, abs=1)
+    assert core.phase("waiting") == "Pending"
+
+
+async def test_room_appearing_kicks_a_waiting_pod_at_once() -> None:
+    provider = memory_provider("mem", gpu_offer(capacity=1))
+    core = Core(provider)
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("first"))
+        await core.until(lambda: core.phase("first") == "Running", what="first Running")
+        await core.kube.create_pod(pod_manifest("second"))
+        await core.until(lambda: "NoCapacity" in core.kube.reasons("second"), what="NoCapacity")
+        await asyncio.sleep(30)  # deep in back-off now
+        await core.kube.request_deletion("ns", "first", grace=0)
+        freed = asyncio.get_running_loop().time()
+        await core.until(lambda: core.phase("second") == "Running", what="second Running")
+    # The offer cache (30 s TTL) may hide the freed slot for a while, but not the back-off.
+    assert asyncio.get_running_loop().time() - freed <= 35
+
+
+async def test_a_stalled_termination_is_asked_again_until_the_provider_confirms() -> None:
+    """A delete the provider accepted and never carried out (RunPod, Modal) used to leave the
+    instance TERMINATING, and billing, for good: reconciliation skipped TERMINATING ones."""
+    provider = memory_provider("mem", gpu_offer())
+    core = Core(provider, intervals={"termination_deadline_seconds": 60})
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("leaky"))
+        await core.until(lambda: core.phase("leaky") == "Running", what="Running")
+        provider.lost_deletes = 2  # the stop request, and the one sent when the pod goes
+        await core.kube.request_deletion("ns", "leaky", grace=2)
+        await core.until(lambda: core.kube.pod("ns", "leaky") is None, what="pod deleted")
+        assert [i.state for i in provider.instances()] == [InstanceState.TERMINATING]
+        await core.until(lambda: core.reconciler.overdue, what="counted overdue")
+        await core.until(lambda: provider.instances() == [], what="terminated for real")
+        await core.until(lambda: core.reconciler.overdue == (), what="no longer overdue")
+    assert provider.calls["delete"] == 3  # the stop, the stop when the pod went, the retry
+
+
+async def test_a_force_deleted_pod_still_has_its_instance_stopped() -> None:
+    provider = memory_provider("mem", gpu_offer())
+    core = Core(provider)
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("forced"))
+        await core.until(lambda: core.phase("forced") == "Running", what="Running")
+        provider.fail_next("delete", Transient("503", provider="mem"))
+        await core.kube.force_delete("ns", "forced")
+        await core.until(lambda: provider.instances() == [], what="instance stopped")
+    assert provider.calls["delete"] >= 2  # the failed delete was retried
+
+
+async def test_no_capacity_instance_is_not_created_twice_for_one_attempt() -> None:
+    """A create whose answer was lost (Transient after it went through) is retried on the
+    same offer with the same request id: the provider returns the first instance."""
+    provider = memory_provider("mem", gpu_offer())
+    core = Core(provider)
+    original = provider.create
+
+    async def lost_answer(spec: WorkloadSpec, offer: Offer):  # type: ignore[no-untyped-def]
+        made = await original(spec, offer)
+        if provider.calls["create"] == 1:
+            raise Transient("timeout after the create went through", provider="mem")
+        return made
+
+    provider.create = lost_answer  # type: ignore[method-assign]
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("once"))
+        await core.until(lambda: core.phase("once") == "Running", what="Running")
+        await asyncio.sleep(60)
+    assert len(provider.instances()) == 1

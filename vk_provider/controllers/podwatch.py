@@ -1,0 +1,144 @@
+"""The node's pods, as an informer keeps them: list, then watch; a store of the latest objects.
+
+``PodWatch.run`` lists the pods with ``spec.nodeName=<node>``, then watches from the list's
+resource version, and keeps ``PodStore`` current; every key whose object changed (or left)
+is handed to ``on_change``. On 410 Gone or a broken connection it re-lists; a watch the server
+ends on its timeout resumes from the last version seen.
+
+``PodStore`` is what the pod controller reads instead of GETting a pod: the latest object the
+watch delivered or one of our own writes returned, whichever is newer.
+
+Invariants:
+- The store never goes back in time: an object replaces the stored one only if its
+  ``resourceVersion`` is not older (versions are compared as integers when both are, which
+  the API server's are; otherwise the newcomer wins, as a plain informer would).
+- After a re-list, keys that are gone from the list are removed and reported, so a pod
+  deleted while the watch was down is noticed.
+- ``live`` is set while the store reflects a completed list (reconciliation waits for it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+
+from vk_provider.domain.podview import JSON, PodKey, pod_key
+from vk_provider.kube.client import ApiError, GoneError, KubeClient
+
+log = logging.getLogger(__name__)
+
+
+def _version(pod: JSON) -> int | None:
+    text = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+    return int(text) if text.isdigit() else None
+
+
+class PodStore:
+    """Latest pod objects by key, and the key of each pod UID."""
+
+    def __init__(self) -> None:
+        self._pods: dict[PodKey, JSON] = {}
+        self._by_uid: dict[str, PodKey] = {}
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def get(self, key: PodKey) -> JSON | None:
+        return self._pods.get(key)
+
+    def key_of(self, uid: str) -> PodKey | None:
+        return self._by_uid.get(uid)
+
+    def keys(self) -> list[PodKey]:
+        """A copy: callers may change the store while they walk it."""
+        return list(self._pods)
+
+    def values(self) -> Iterator[JSON]:
+        return iter(list(self._pods.values()))
+
+    def update(self, pod: JSON) -> bool:
+        """Keep ``pod`` unless the stored object is newer; True when it was kept."""
+        key = pod_key(pod)
+        current = self._pods.get(key)
+        if current is not None:
+            old, new = _version(current), _version(pod)
+            if old is not None and new is not None and new < old:
+                return False
+            old_uid = str((current.get("metadata") or {}).get("uid") or "")
+            self._by_uid.pop(old_uid, None)
+        self._pods[key] = pod
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if uid:
+            self._by_uid[uid] = key
+        return True
+
+    def remove(self, key: PodKey) -> JSON | None:
+        pod = self._pods.pop(key, None)
+        if pod is not None:
+            self._by_uid.pop(str((pod.get("metadata") or {}).get("uid") or ""), None)
+        return pod
+
+
+class PodWatch:
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        node_name: str,
+        store: PodStore,
+        on_change: Callable[[PodKey], None],
+        timeout_seconds: int = 60,
+        retry_seconds: float = 1.0,
+    ) -> None:
+        self._kube = kube
+        self._node = node_name
+        self._store = store
+        self._on_change = on_change
+        self._timeout = timeout_seconds
+        self._retry = retry_seconds
+        self.live = asyncio.Event()
+
+    def _relisted(self, pods: list[JSON]) -> None:
+        listed = {pod_key(p) for p in pods}
+        for key in self._store.keys():  # noqa: SIM118 - a copy, the loop removes keys
+            if key not in listed:
+                self._store.remove(key)
+                self._on_change(key)
+        for pod in pods:
+            self._store.update(pod)
+            self._on_change(pod_key(pod))
+
+    def _event(self, kind: str, pod: JSON) -> None:
+        if kind == "BOOKMARK":
+            return
+        key = pod_key(pod)
+        if kind == "DELETED":
+            self._store.remove(key)
+        else:
+            self._store.update(pod)
+        self._on_change(key)
+
+    async def run(self) -> None:
+        """List, then watch from the list's version; re-list on 410 or a dropped watch."""
+        while True:
+            try:
+                pods, version = await self._kube.list_node_pods(self._node)
+                self._relisted(pods)
+                self.live.set()
+                while True:
+                    async for kind, pod in self._kube.watch_node_pods(
+                        self._node, version, timeout_seconds=self._timeout
+                    ):
+                        version = str((pod.get("metadata") or {}).get("resourceVersion") or version)
+                        self._event(kind, pod)
+            except GoneError:
+                log.info("pod watch expired (410); re-listing")
+            except (ApiError, OSError, TimeoutError, ValueError) as exc:
+                self.live.clear()
+                log.warning("pod watch broken (%s); re-listing in %.0fs", exc, self._retry)
+                await asyncio.sleep(self._retry)
+            except Exception as exc:  # aiohttp's own errors: every transport hiccup alike
+                self.live.clear()
+                log.warning("pod watch failed (%s: %s); re-listing", type(exc).__name__, exc)
+                await asyncio.sleep(self._retry)
