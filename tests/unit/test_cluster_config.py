@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vk_provider.cluster.cluster import ClusterPorts, LocalCluster, validate_name
+from vk_provider.cluster.cluster import LocalCluster, validate_name
+from vk_provider.cluster.components import ClusterPorts
 from vk_provider.cluster.errors import ClusterError
 
 

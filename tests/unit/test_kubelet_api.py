@@ -19,18 +19,15 @@ import httpx
 import pytest
 from cryptography import x509
 
+from vk_provider.api.authn import RequestAttributes, UserInfo, request_attributes
 from vk_provider.api.kubelet import (
     InvalidLogQuery,
     KubeletApiServer,
     LogsNotFound,
     LogsUnavailable,
-    RequestAttributes,
-    UserInfo,
-    build_server_ssl_context,
-    ensure_serving_certificate,
     parse_log_options,
-    request_attributes,
 )
+from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certificate
 from vk_provider.cluster.pki import CertPair, ClusterPKI, ensure_pki, issue_certificate
 from vk_provider.domain.models import LogOptions
 

@@ -24,8 +24,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from vk_provider.api.kubelet import UserInfo
-from vk_provider.api.kubelet_auth import TokenReviewAuthenticator
+from vk_provider.api.authn import TokenReviewAuthenticator, UserInfo
 from vk_provider.api.metrics import CONTENT_TYPE, Metrics
 from vk_provider.api.rest import (
     RestServer,

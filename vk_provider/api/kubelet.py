@@ -32,89 +32,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import ipaddress
 import logging
 import math
-import os
 import re
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from vk_provider.api.authn import (
+    AUTHENTICATED_GROUP,
+    Authenticator,
+    Authorizer,
+    UserInfo,
+    bearer_token,
+    request_attributes,
+    user_from_certificate,
+)
 from vk_provider.domain.models import LogOptions
 
 logger = logging.getLogger(__name__)
 
-AUTHENTICATED_GROUP = "system:authenticated"
 
-# Path prefixes kubelet maps to their own subresource of ``nodes``; everything else is "proxy".
-_SUBRESOURCE_PREFIXES = (
-    ("/stats", "stats"),
-    ("/metrics", "metrics"),
-    ("/logs", "log"),
-    ("/spec", "spec"),
-    ("/checkpoint", "checkpoint"),
-)
-_VERBS = {
-    "GET": "get",
-    "HEAD": "get",
-    "POST": "create",
-    "PUT": "update",
-    "PATCH": "patch",
-    "DELETE": "delete",
-}
 _INT64_MAX = 2**63 - 1
 _INTEGER = re.compile(r"[+-]?[0-9]+")
-_SERVING_VALIDITY = dt.timedelta(days=365)
-# A serving certificate this close to expiry is replaced at start-up rather than reused.
-_SERVING_RENEW_BEFORE = dt.timedelta(days=30)
 
 
 # --------------------------------------------------------------------------- interfaces
-
-
-@dataclass(frozen=True, slots=True)
-class UserInfo:
-    """Who made a request, as a Kubernetes authenticator reports it."""
-
-    username: str
-    groups: tuple[str, ...]
-    uid: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestAttributes:
-    """What a request does, in SubjectAccessReview terms (``resourceAttributes``)."""
-
-    verb: str
-    resource: str = "nodes"
-    subresource: str
-    name: str
-    api_group: str = ""
-
-
-class Authenticator(Protocol):
-    async def authenticate_token(self, token: str) -> UserInfo | None:
-        """The user a bearer token belongs to, or None if the token is not valid.
-
-        Raising means "could not tell" (the API server is unreachable); the request is
-        refused with 401 either way.
-        """
-        ...
-
-
-class Authorizer(Protocol):
-    async def authorize(self, user: UserInfo, attributes: RequestAttributes) -> bool:
-        """Whether ``user`` may do ``attributes``; raising answers 500, like kubelet."""
-        ...
 
 
 class LogsError(Exception):
@@ -150,49 +96,6 @@ class LogSource(Protocol):
 # --------------------------------------------------------------------------- pure helpers
 
 
-def request_attributes(method: str, path: str, node_name: str) -> RequestAttributes:
-    """The SubjectAccessReview attributes kubelet derives from a request (``auth.go``)."""
-    subresource = "proxy"
-    for prefix, candidate in _SUBRESOURCE_PREFIXES:
-        if path == prefix or path.startswith(prefix + "/"):
-            subresource = candidate
-            break
-    return RequestAttributes(
-        verb=_VERBS.get(method.upper(), ""), subresource=subresource, name=node_name
-    )
-
-
-def user_from_certificate(der: bytes) -> UserInfo | None:
-    """The user a verified client certificate names: CN is the user, each O a group.
-
-    A certificate without a common name identifies nobody (kubelet falls through to the next
-    authenticator, and so do we).
-    """
-    try:
-        certificate = x509.load_der_x509_certificate(der)
-    except ValueError:
-        return None
-    common_names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    username = _attribute_text(common_names[0].value) if common_names else ""
-    if not username:
-        return None
-    groups = tuple(
-        _attribute_text(a.value)
-        for a in certificate.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
-    )
-    return UserInfo(username=username, groups=groups)
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header, as kubelet parses it."""
-    if not authorization:
-        return None
-    parts = authorization.strip().split(" ")
-    if len(parts) < 2 or parts[0].lower() != "bearer" or not parts[1]:
-        return None
-    return parts[1]
-
-
 class InvalidLogQuery(ValueError):
     """A ``/containerLogs`` query parameter is malformed; the message names it."""
 
@@ -219,10 +122,6 @@ def parse_log_options(query: Mapping[str, str], *, now: dt.datetime) -> LogOptio
         since_seconds=since_seconds,
         limit_bytes=limit_bytes,
     )
-
-
-def _attribute_text(value: str | bytes) -> str:
-    return value if isinstance(value, str) else value.decode("utf-8", "replace")
 
 
 def _query_bool(query: Mapping[str, str], name: str) -> bool:
@@ -256,137 +155,6 @@ def _seconds_since(value: str, *, now: dt.datetime) -> int:
 
 
 # --------------------------------------------------------------------------- TLS
-
-
-def build_server_ssl_context(
-    cert_file: Path, key_file: Path, client_ca_file: Path | None
-) -> ssl.SSLContext:
-    """The TLS context of the kubelet API.
-
-    Client certificates are requested but optional (``CERT_OPTIONAL``, Go's
-    ``VerifyClientCertIfGiven``): a certificate that does not chain to ``client_ca_file``, or is
-    not meant for client authentication, fails the handshake; no certificate at all leaves
-    bearer tokens. Deliberately not ``ssl.create_default_context``: that would also trust the
-    system CAs for client certificates.
-    """
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_file, key_file)
-    context.set_alpn_protocols(["http/1.1"])
-    if client_ca_file is not None:
-        context.load_verify_locations(cafile=client_ca_file)
-        context.verify_mode = ssl.CERT_OPTIONAL
-    return context
-
-
-def ensure_serving_certificate(
-    directory: Path, *, node_name: str, ip_addresses: tuple[str, ...]
-) -> tuple[Path, Path]:
-    """A self-signed serving certificate for the node, made once and reused (``kubelet.crt``).
-
-    It is replaced only when it no longer fits: unreadable, key and certificate not a pair,
-    expiring within 30 days, or not naming ``node_name`` and every address in ``ip_addresses``.
-    Files are written atomically; the key with mode 0600.
-    """
-    cert_file = directory / "kubelet.crt"
-    key_file = directory / "kubelet.key"
-    wanted_dns, wanted_ips = _serving_names(node_name, ip_addresses)
-    if _serving_certificate_fits(cert_file, key_file, wanted_dns, wanted_ips):
-        return cert_file, key_file
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_name)])
-    alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in sorted(wanted_dns)]
-    alt_names += [x509.IPAddress(ip) for ip in sorted(wanted_ips, key=str)]
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(now + _SERVING_VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_encipherment=False,
-                content_commitment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-    )
-    if alt_names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
-    certificate = builder.sign(key, hashes.SHA256())
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    # Key first: a crash in between leaves a mismatched pair, which the next start replaces.
-    _write_atomically(key_file, key_pem, mode=0o600)
-    _write_atomically(cert_file, certificate.public_bytes(serialization.Encoding.PEM), mode=0o644)
-    logger.info("kubelet API: made a self-signed serving certificate %s", cert_file)
-    return cert_file, key_file
-
-
-_IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-def _serving_names(
-    node_name: str, ip_addresses: tuple[str, ...]
-) -> tuple[set[str], set[_IPAddress]]:
-    dns: set[str] = set()
-    ips = {ipaddress.ip_address(ip) for ip in ip_addresses}
-    try:
-        ips.add(ipaddress.ip_address(node_name))
-    except ValueError:
-        dns.add(node_name)
-    return dns, ips
-
-
-def _serving_certificate_fits(
-    cert_file: Path, key_file: Path, dns: set[str], ips: set[_IPAddress]
-) -> bool:
-    if not (cert_file.exists() and key_file.exists()):
-        return False
-    try:
-        certificate = x509.load_pem_x509_certificate(cert_file.read_bytes())
-        key = serialization.load_pem_private_key(key_file.read_bytes(), password=None)
-    except (ValueError, TypeError, OSError):
-        return False
-    public = serialization.PublicFormat.SubjectPublicKeyInfo
-    encoding = serialization.Encoding.DER
-    if key.public_key().public_bytes(encoding, public) != certificate.public_key().public_bytes(
-        encoding, public
-    ):
-        return False
-    if certificate.not_valid_after_utc - _SERVING_RENEW_BEFORE < dt.datetime.now(dt.UTC):
-        return False
-    try:
-        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return not dns and not ips
-    return dns <= set(san.get_values_for_type(x509.DNSName)) and ips <= set(
-        san.get_values_for_type(x509.IPAddress)
-    )
-
-
-def _write_atomically(path: Path, data: bytes, *, mode: int) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    temporary.replace(path)
 
 
 # --------------------------------------------------------------------------- application

@@ -26,24 +26,32 @@ import hmac
 import logging
 import socket
 from collections.abc import Generator, Mapping, Sequence
-from datetime import datetime
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Protocol
 
 import uvicorn
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
 from vk_provider import __version__
-from vk_provider.api.kubelet import Authenticator
+from vk_provider.api.authn import Authenticator
 from vk_provider.api.metrics import CONTENT_TYPE, Metrics
-from vk_provider.api.view import AgentView, ProviderStatus
+from vk_provider.api.schemas import (
+    ErrorBody,
+    ErrorDetail,
+    OfferOut,
+    PodOut,
+    ProviderDetail,
+    ProviderSummary,
+    ReadinessOut,
+    SpendReport,
+    spend_report,
+)
+from vk_provider.api.view import AgentView
 from vk_provider.domain.models import Offer
 from vk_provider.domain.placement import CapacityType, gpu_matches
-from vk_provider.domain.podview import PodPlacement
 
 log = logging.getLogger(__name__)
 
@@ -112,258 +120,6 @@ class TokenReviewAuth:
 # --------------------------------------------------------------------------- response models
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class ErrorDetail(_Model):
-    code: str = Field(
-        description="Stable machine-readable code: unauthorized, forbidden, not_found, "
-        "method_not_allowed, invalid_request, internal_error or unavailable.",
-        examples=["not_found"],
-    )
-    message: str = Field(
-        description="What went wrong, for a person.", examples=["no provider named 'acme'"]
-    )
-
-
-class ErrorBody(_Model):
-    error: ErrorDetail = Field(description="The error.")
-
-
-_OFFER_EXAMPLE: dict[str, Any] = {
-    "key": "runpod/NVIDIA H100 80GB HBM3/US-TX-3",
-    "provider": "runpod",
-    "sku": "NVIDIA H100 80GB HBM3",
-    "region": "US-TX-3",
-    "gpu_model": "H100-SXM",
-    "gpu_count": 1,
-    "gpu_memory_gib": 80.0,
-    "vcpus": 16.0,
-    "memory_gib": 125.0,
-    "price_per_hour": 2.69,
-    "spot": False,
-    "available": 3,
-    "startup_seconds": 90.0,
-}
-
-
-class OfferOut(_Model):
-    model_config = ConfigDict(frozen=True, json_schema_extra={"examples": [_OFFER_EXAMPLE]})
-
-    key: str = Field(description="provider/sku/region: what pods' `offer` field refers to.")
-    provider: str = Field(description="Provider name, as configured.")
-    sku: str = Field(description="The provider's name for the instance type.")
-    region: str = Field(description="Region or data centre.")
-    gpu_model: str | None = Field(description="Canonical GPU model; null for CPU-only offers.")
-    gpu_count: int = Field(description="GPUs per instance.")
-    gpu_memory_gib: float = Field(description="Memory per GPU (GiB).")
-    vcpus: float = Field(description="vCPUs per instance.")
-    memory_gib: float = Field(description="Memory per instance (GiB).")
-    price_per_hour: float = Field(description="Price of the whole instance ($/hour).")
-    spot: bool = Field(description="Interruptible (spot) capacity.")
-    available: int = Field(description="Instances of this offer the provider says it can start.")
-    startup_seconds: float = Field(description="Typical time from launch to running (s).")
-
-    @classmethod
-    def of(cls, offer: Offer) -> OfferOut:
-        return cls(
-            key=offer.key,
-            provider=offer.provider,
-            sku=offer.sku,
-            region=offer.region,
-            gpu_model=offer.gpu_model,
-            gpu_count=offer.gpu_count,
-            gpu_memory_gib=offer.gpu_memory_gib,
-            vcpus=offer.vcpus,
-            memory_gib=offer.memory_gib,
-            price_per_hour=offer.price_per_hour,
-            spot=offer.spot,
-            available=offer.available,
-            startup_seconds=offer.startup_seconds,
-        )
-
-
-_PROVIDER_EXAMPLE: dict[str, Any] = {
-    "name": "runpod",
-    "type": "runpod",
-    "healthy": True,
-    "breaker_state": "closed",
-    "consecutive_failures": 0,
-    "recent_failures": 1,
-    "last_error": None,
-    "last_answer_age_seconds": 4.2,
-    "offer_count": 12,
-    "gpus_available": 20,
-    "running_pods": 2,
-    "spend_per_hour": 5.38,
-}
-
-
-class ProviderSummary(_Model):
-    model_config = ConfigDict(frozen=True, json_schema_extra={"examples": [_PROVIDER_EXAMPLE]})
-
-    name: str = Field(description="Provider name, as configured.")
-    type: str = Field(description="Adapter type (runpod, lambda, modal, kubernetes, local, ...).")
-    healthy: bool = Field(
-        description="The circuit breaker is closed and the last offers query succeeded."
-    )
-    breaker_state: Literal["closed", "open", "half-open"] = Field(
-        description="Circuit breaker: closed (calls flow), open (calls refused while cooling "
-        "down) or half-open (one probe in flight)."
-    )
-    consecutive_failures: int = Field(description="Failures in a row since the last success.")
-    recent_failures: int = Field(description="Failures in the breaker's recent window.")
-    last_error: str | None = Field(description="The last failure, if any (class: message).")
-    last_answer_age_seconds: float | None = Field(
-        description="Seconds since the provider last answered an offers query; null if never."
-    )
-    offer_count: int = Field(description="Offers in the last answer.")
-    gpus_available: int = Field(description="GPUs the provider could start now (sum of offers).")
-    running_pods: int = Field(description="Pods placed on this provider.")
-    spend_per_hour: float = Field(description="Cost of this provider's running instances ($/hour).")
-
-    @classmethod
-    def of(cls, status: ProviderStatus) -> ProviderSummary:
-        return cls(**_summary_fields(status))
-
-
-class ProviderDetail(ProviderSummary):
-    model_config = ConfigDict(
-        frozen=True,
-        json_schema_extra={"examples": [{**_PROVIDER_EXAMPLE, "offers": [_OFFER_EXAMPLE]}]},
-    )
-
-    offers: list[OfferOut] = Field(description="The provider's offers, cheapest first.")
-
-    @classmethod
-    def of(cls, status: ProviderStatus) -> ProviderDetail:
-        offers = sorted(status.offers, key=lambda o: (o.price_per_hour, o.key))
-        return cls(**_summary_fields(status), offers=[OfferOut.of(o) for o in offers])
-
-
-def _summary_fields(status: ProviderStatus) -> dict[str, Any]:
-    return {
-        "name": status.name,
-        "type": status.type,
-        "healthy": status.healthy,
-        "breaker_state": status.breaker_state,
-        "consecutive_failures": status.consecutive_failures,
-        "recent_failures": status.recent_failures,
-        "last_error": status.last_error,
-        "last_answer_age_seconds": status.last_answer_age_seconds,
-        "offer_count": len(status.offers),
-        "gpus_available": status.gpus_available,
-        "running_pods": status.running_pods,
-        "spend_per_hour": status.spend_per_hour,
-    }
-
-
-class PodOut(_Model):
-    model_config = ConfigDict(
-        frozen=True,
-        json_schema_extra={
-            "examples": [
-                {
-                    "namespace": "inference",
-                    "name": "llama-7d9f-x2x4q",
-                    "uid": "3f1c2a9e-8d7b-4c6a-9e2f-1b0a5c4d3e2f",
-                    "provider": "runpod",
-                    "instance_id": "x1y2z3",
-                    "offer": "runpod/NVIDIA H100 80GB HBM3/US-TX-3",
-                    "price_per_hour": 2.69,
-                    "phase": "Running",
-                    "since": "2025-01-31T09:12:00Z",
-                }
-            ]
-        },
-    )
-
-    namespace: str = Field(description="Pod namespace.")
-    name: str = Field(description="Pod name.")
-    uid: str = Field(description="Pod UID (every provider instance carries it).")
-    provider: str = Field(description="Provider the pod runs on.")
-    instance_id: str = Field(description="The provider's id of the instance.")
-    offer: str = Field(description="Offer key (provider/sku/region).")
-    price_per_hour: float = Field(description="Price of the instance ($/hour).")
-    phase: str = Field(description="Pod phase (Pending, Running, Succeeded, Failed).")
-    since: datetime | None = Field(description="When the pod was placed there; null if unknown.")
-
-    @classmethod
-    def of(cls, pod: PodPlacement) -> PodOut:
-        return cls(
-            namespace=pod.namespace,
-            name=pod.name,
-            uid=pod.uid,
-            provider=pod.provider,
-            instance_id=pod.instance_id,
-            offer=pod.offer,
-            price_per_hour=pod.price_per_hour,
-            phase=pod.phase,
-            since=pod.since,
-        )
-
-
-class SpendTotal(_Model):
-    per_hour: float = Field(description="Current cost of running instances ($/hour).")
-    accumulated: float = Field(description="Spent since the agent started ($).")
-
-
-class ProviderSpend(SpendTotal):
-    provider: str = Field(description="Provider name.")
-
-
-class NamespaceSpend(SpendTotal):
-    namespace: str = Field(description="Pod namespace.")
-
-
-class SpendEntry(SpendTotal):
-    provider: str = Field(description="Provider name.")
-    namespace: str = Field(description="Pod namespace.")
-
-
-class SpendReport(_Model):
-    model_config = ConfigDict(
-        frozen=True,
-        json_schema_extra={
-            "examples": [
-                {
-                    "total": {"per_hour": 5.38, "accumulated": 41.7},
-                    "providers": [{"provider": "runpod", "per_hour": 5.38, "accumulated": 41.7}],
-                    "namespaces": [
-                        {"namespace": "inference", "per_hour": 5.38, "accumulated": 41.7}
-                    ],
-                    "entries": [
-                        {
-                            "provider": "runpod",
-                            "namespace": "inference",
-                            "per_hour": 5.38,
-                            "accumulated": 41.7,
-                        }
-                    ],
-                }
-            ]
-        },
-    )
-
-    total: SpendTotal = Field(description="Everything the virtual node costs.")
-    providers: list[ProviderSpend] = Field(description="Per provider, by name.")
-    namespaces: list[NamespaceSpend] = Field(description="Per namespace, by name.")
-    entries: list[SpendEntry] = Field(description="Per provider and namespace.")
-
-
-class ReadinessOut(_Model):
-    model_config = ConfigDict(
-        frozen=True,
-        json_schema_extra={
-            "examples": [{"ready": False, "reasons": ["the node is not registered yet"]}]
-        },
-    )
-
-    ready: bool = Field(description="Whether the agent serves its node.")
-    reasons: list[str] = Field(description="Why not, when not ready.")
-
-
 # --------------------------------------------------------------------------- pure helpers
 
 
@@ -389,39 +145,6 @@ def filter_offers(
         and (not providers or o.provider in providers)
         and (capacity_type is CapacityType.ANY or o.spot == (capacity_type is CapacityType.SPOT))
     ]
-
-
-def spend_report(view: AgentView) -> SpendReport:
-    rows = view.spend()
-    by_provider: dict[str, tuple[float, float]] = {}
-    by_namespace: dict[str, tuple[float, float]] = {}
-    for row in rows:
-        rate, spent = by_provider.get(row.provider, (0.0, 0.0))
-        by_provider[row.provider] = (rate + row.per_hour, spent + row.accumulated)
-        rate, spent = by_namespace.get(row.namespace, (0.0, 0.0))
-        by_namespace[row.namespace] = (rate + row.per_hour, spent + row.accumulated)
-    return SpendReport(
-        total=SpendTotal(
-            per_hour=sum(r.per_hour for r in rows), accumulated=sum(r.accumulated for r in rows)
-        ),
-        providers=[
-            ProviderSpend(provider=name, per_hour=rate, accumulated=spent)
-            for name, (rate, spent) in sorted(by_provider.items())
-        ],
-        namespaces=[
-            NamespaceSpend(namespace=name, per_hour=rate, accumulated=spent)
-            for name, (rate, spent) in sorted(by_namespace.items())
-        ],
-        entries=[
-            SpendEntry(
-                provider=r.provider,
-                namespace=r.namespace,
-                per_hour=r.per_hour,
-                accumulated=r.accumulated,
-            )
-            for r in rows
-        ],
-    )
 
 
 def _split(value: str | None) -> tuple[str, ...]:

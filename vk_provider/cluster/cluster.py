@@ -17,7 +17,6 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import json
@@ -33,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from providers.local.processes import (
     ProcessRecord,
@@ -41,8 +39,10 @@ from providers.local.processes import (
     start_process,
     stop_process,
 )
+from vk_provider.cluster import components
 from vk_provider.cluster import pki as pki_mod
 from vk_provider.cluster.binaries import Binaries
+from vk_provider.cluster.components import ClusterPorts
 from vk_provider.cluster.errors import ClusterError
 from vk_provider.settings.paths import state_root
 
@@ -66,23 +66,6 @@ def validate_name(name: str) -> str:
             "starting and ending with a letter or digit"
         )
     return name
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterPorts:
-    apiserver: int
-    etcd_client: int
-    etcd_peer: int
-    controller_manager: int
-    scheduler: int
-
-    def by_component(self) -> dict[str, tuple[int, ...]]:
-        return {
-            "etcd": (self.etcd_client, self.etcd_peer),
-            "kube-apiserver": (self.apiserver,),
-            "kube-controller-manager": (self.controller_manager,),
-            "kube-scheduler": (self.scheduler,),
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,37 +330,6 @@ class LocalCluster:
                         "choose new ports"
                     )
 
-    def _kubeconfig_text(self, ports: ClusterPorts, client: pki_mod.CertPair, user: str) -> str:
-        def b64(path: Path) -> str:
-            return base64.b64encode(path.read_bytes()).decode()
-
-        context = f"vk-{self.name}"
-        document = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": context,
-                    "cluster": {
-                        "server": f"https://127.0.0.1:{ports.apiserver}",
-                        "certificate-authority-data": b64(self.pki.ca.cert),
-                    },
-                }
-            ],
-            "users": [
-                {
-                    "name": user,
-                    "user": {
-                        "client-certificate-data": b64(client.cert),
-                        "client-key-data": b64(client.key),
-                    },
-                }
-            ],
-            "contexts": [{"name": context, "context": {"cluster": context, "user": user}}],
-            "current-context": context,
-        }
-        return yaml.safe_dump(document, sort_keys=False)
-
     def _write_configs(self, ports: ClusterPorts) -> None:
         kubeconfigs = {
             self.kubeconfig: (self.pki.admin, "admin"),
@@ -390,96 +342,19 @@ class LocalCluster:
         for path, (pair, user) in kubeconfigs.items():
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as handle:
-                handle.write(self._kubeconfig_text(ports, pair, user))
-        scheduler_config = {
-            "apiVersion": "kubescheduler.config.k8s.io/v1",
-            "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(self.directory / "scheduler.kubeconfig")},
-            "leaderElection": {"leaderElect": False},
-        }
-        (self.directory / "scheduler-config.yaml").write_text(yaml.safe_dump(scheduler_config))
+                handle.write(
+                    components.kubeconfig_text(
+                        self.name, ports.apiserver, ca=self.pki.ca.cert, client=pair, user=user
+                    )
+                )
+        (self.directory / "scheduler-config.yaml").write_text(
+            components.scheduler_config(self.directory / "scheduler.kubeconfig")
+        )
 
     def _commands(self, binaries: Binaries, ports: ClusterPorts) -> dict[str, list[str]]:
-        d = self.directory
-        p = self.pki
-        etcd_url = f"http://127.0.0.1:{ports.etcd_client}"
-        peer_url = f"http://127.0.0.1:{ports.etcd_peer}"
-        cm_kubeconfig = str(d / "controller-manager.kubeconfig")
-        sched_kubeconfig = str(d / "scheduler.kubeconfig")
-        return {
-            "etcd": [
-                str(binaries.etcd),
-                f"--name=vk-{self.name}",
-                f"--data-dir={d / 'etcd-data'}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=vk-{self.name}={peer_url}",
-                # Development and test clusters trade durability for speed.
-                "--unsafe-no-fsync",
-                "--log-level=warn",
-            ],
-            "kube-apiserver": [
-                str(binaries.kube_apiserver),
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={ports.apiserver}",
-                f"--cert-dir={d / 'apiserver-certs'}",
-                f"--tls-cert-file={p.apiserver.cert}",
-                f"--tls-private-key-file={p.apiserver.key}",
-                f"--client-ca-file={p.ca.cert}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={p.service_account_pub}",
-                f"--service-account-signing-key-file={p.service_account_key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--endpoint-reconciler-type=none",
-                "--allow-privileged=true",
-                f"--kubelet-client-certificate={p.kubelet_client.cert}",
-                f"--kubelet-client-key={p.kubelet_client.key}",
-                "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP",
-                "--profiling=false",
-                "--v=1",
-            ],
-            "kube-controller-manager": [
-                str(binaries.kube_controller_manager),
-                f"--kubeconfig={cm_kubeconfig}",
-                f"--authentication-kubeconfig={cm_kubeconfig}",
-                f"--authorization-kubeconfig={cm_kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={ports.controller_manager}",
-                f"--cert-dir={d / 'controller-manager-certs'}",
-                "--leader-elect=false",
-                "--controllers=*",
-                "--use-service-account-credentials=true",
-                f"--service-account-private-key-file={p.service_account_key}",
-                f"--root-ca-file={p.ca.cert}",
-                f"--cluster-signing-cert-file={p.ca.cert}",
-                f"--cluster-signing-key-file={p.ca.key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--allocate-node-cidrs=false",
-                # Short timings so NotReady nodes and controller reactions show up in tests.
-                "--node-monitor-period=2s",
-                "--node-monitor-grace-period=20s",
-                "--horizontal-pod-autoscaler-sync-period=5s",
-                "--profiling=false",
-                "--v=1",
-            ],
-            "kube-scheduler": [
-                str(binaries.kube_scheduler),
-                f"--config={d / 'scheduler-config.yaml'}",
-                f"--authentication-kubeconfig={sched_kubeconfig}",
-                f"--authorization-kubeconfig={sched_kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={ports.scheduler}",
-                f"--cert-dir={d / 'scheduler-certs'}",
-                "--profiling=false",
-                "--v=1",
-            ],
-        }
+        return components.commands(
+            self.name, self.directory, self.pki, binaries, ports, SERVICE_CIDR
+        )
 
     def _client(self, *, verify: bool = True) -> httpx.Client:
         context = ssl.create_default_context(cafile=str(self.pki.ca.cert))

@@ -25,18 +25,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from vk_provider.controllers.instances import InstanceTracker
-from vk_provider.controllers.launch import Launcher, LaunchResult
+from vk_provider.controllers.launch import Launcher
 from vk_provider.controllers.observer import NO_OBSERVER, ControllerObserver
 from vk_provider.controllers.offers import OfferBook
+from vk_provider.controllers.placer import Placer, PodMemory
 from vk_provider.controllers.podwatch import PodStore
+from vk_provider.controllers.podwriter import PodWriter
 from vk_provider.controllers.workqueue import Backoff, QueueClosed, WorkQueue
 from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
-from vk_provider.domain.env import references
 from vk_provider.domain.errors import NotFound, ProviderError
 from vk_provider.domain.lifecycle import (
     MAX_CRASH_BACKOFF_SECONDS,
@@ -49,16 +49,9 @@ from vk_provider.domain.lifecycle import (
     crash_backoff,
     decide,
 )
-from vk_provider.domain.models import Instance, InstanceState, WorkloadSpec
-from vk_provider.domain.placement import PlacementRequest
-from vk_provider.domain.podspec import InvalidPodSpec
-from vk_provider.domain.podstatus import ContainerView, pod_status, status_changed, waiting_view
+from vk_provider.domain.models import Instance, InstanceState
+from vk_provider.domain.podstatus import container_view, terminated_of
 from vk_provider.domain.podview import (
-    ANN_INSTANCE,
-    ANN_OFFER,
-    ANN_PRICE,
-    ANN_PROVIDER,
-    JSON,
     PodKey,
     PodPlacement,
     PodView,
@@ -66,8 +59,7 @@ from vk_provider.domain.podview import (
     Terminated,
     Waiting,
 )
-from vk_provider.domain.reconcile import choose_adoptee
-from vk_provider.domain.workload import Held, held_resources, to_request
+from vk_provider.domain.workload import Held, held_resources
 from vk_provider.kube.client import ApiError, ConflictError, KubeClient
 from vk_provider.kube.events import EventRecorder
 from vk_provider.settings.agent import IntervalsConfig
@@ -81,19 +73,6 @@ SYNC_ERROR_CAP_SECONDS = 10.0
 
 def _wall_clock() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(slots=True)
-class _Memory:
-    """What the controller remembers of one pod between syncs (a cache, see the invariants)."""
-
-    uid: str
-    provider: str | None = None  # the last instance the pod named, to stop it if the pod
-    instance_id: str | None = None  # is force-deleted behind our back
-    offer_key: str | None = None
-    adopt: Instance | None = None  # reconciliation's choice among the pod's unclaimed instances
-    prefer: str | None = None  # offer to try first after a 429 / 5xx
-    waiting: bool = False  # unplaceable: kicked when room appears
 
 
 class PodController:
@@ -113,25 +92,35 @@ class PodController:
         observer: ControllerObserver = NO_OBSERVER,
         now: Callable[[], datetime] = _wall_clock,
     ) -> None:
-        self._kube = kube
-        self._node = node_name
-        self._host_ip = host_ip
         self._providers = dict(providers)
         self._offers = offers
-        self._events = recorder
         self._launcher = launcher
         self._ledger = launcher.ledger
         self._store = store
         self._intervals = intervals
         self._workers = workers
-        self._observer = observer
         self._now = now
         # One back-off per pod key: placement retries double from retry_backoff_seconds.
         self.queue: WorkQueue[PodKey] = WorkQueue(
             Backoff(base=intervals.retry_backoff_seconds, cap=MAX_CRASH_BACKOFF_SECONDS)
         )
         self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
-        self._memory: dict[PodKey, _Memory] = {}
+        self._memory: dict[PodKey, PodMemory] = {}
+        self._write = PodWriter(kube, store=store, recorder=recorder, host_ip=host_ip, now=now)
+        self._placer = Placer(
+            kube,
+            node_name=node_name,
+            host_ip=host_ip,
+            providers=self._providers,
+            offers=offers,
+            launcher=launcher,
+            tracker=self.tracker,
+            queue=self.queue,
+            writer=self._write,
+            intervals=intervals,
+            observer=observer,
+            now=now,
+        )
 
     # ------------------------------------------------------------------ feeding the queue
 
@@ -253,10 +242,10 @@ class PodController:
         )
         await self._execute(pod, memory, sighting, decision)
 
-    def _remember(self, pod: PodView) -> _Memory:
+    def _remember(self, pod: PodView) -> PodMemory:
         memory = self._memory.get(pod.key)
         if memory is None or memory.uid != pod.uid:
-            memory = self._memory[pod.key] = _Memory(uid=pod.uid)
+            memory = self._memory[pod.key] = PodMemory(uid=pod.uid)
         if pod.placed is not None:
             memory.provider, memory.instance_id = pod.placed.provider, pod.placed.instance_id
             memory.offer_key = pod.placed.offer_key
@@ -285,14 +274,14 @@ class PodController:
         return Sighting.of(instance)
 
     async def _execute(
-        self, pod: PodView, memory: _Memory, sighting: Sighting, decision: Decision
+        self, pod: PodView, memory: PodMemory, sighting: Sighting, decision: Decision
     ) -> None:
         step, key, instance = decision.step, pod.key, sighting.instance
         if step is Step.PLACE:
-            await self._launch(pod, memory, attempt=pod.status.restart_count, previous=None)
+            await self._placer.launch(pod, memory, attempt=pod.status.restart_count, previous=None)
         elif step is Step.RELAUNCH:
             assert instance is not None
-            await self._launch(pod, memory, attempt=decision.attempt, previous=instance)
+            await self._placer.launch(pod, memory, attempt=decision.attempt, previous=instance)
         elif step is Step.WAIT:
             self.queue.add_after(key, decision.wait_seconds)
         elif step is Step.RETRY:
@@ -328,65 +317,20 @@ class PodController:
 
     # ------------------------------------------------------------------ status
 
-    def _container_id(self, instance_id: str) -> str:
-        return f"vk-provider://{instance_id}"
-
-    async def _write_status(
-        self,
-        pod: PodView,
-        view: ContainerView,
-        *,
-        pod_ip: str | None = None,
-        phase: str | None = None,
-        reason: str = "",
-        message: str = "",
-    ) -> None:
-        wanted = pod_status(
-            pod,
-            view,
-            now=self._now(),
-            host_ip=self._host_ip,
-            pod_ip=pod_ip,
-            phase=phase,
-            reason=reason,
-            message=message,
-        )
-        if status_changed(pod.raw.get("status") or {}, wanted):
-            updated = await self._kube.patch_pod_status(pod.namespace, pod.name, wanted)
-            self._store.update(updated)
-
-    async def _record(self, pod: PodView, event: explain.Event) -> None:
-        await self._events.record(pod.raw, event.kind, event.reason, event.message)
-
     async def _show(self, pod: PodView, instance: Instance, state: Waiting) -> None:
-        view = ContainerView(
-            pod.container_name,
-            pod.container_image,
-            state,
-            self._container_id(instance.instance_id),
-            pod.status.last_termination,
-            pod.status.restart_count,
-        )
-        await self._write_status(pod, view)
+        await self._write.status(pod, container_view(pod, state, instance_id=instance.instance_id))
 
     async def _show_running(self, pod: PodView, instance: Instance) -> None:
         recorded = pod.status.running_since
         # Some providers do not say when the container started: keep what we wrote first.
         started = instance.started_at or recorded or self._now()
-        view = ContainerView(
-            pod.container_name,
-            pod.container_image,
-            Running(started),
-            self._container_id(instance.instance_id),
-            pod.status.last_termination,
-            pod.status.restart_count,
-        )
-        await self._write_status(pod, view, pod_ip=instance.ip)
+        view = container_view(pod, Running(started), instance_id=instance.instance_id)
+        await self._write.status(pod, view, pod_ip=instance.ip)
         if recorded is None:
-            event = explain.Event(
+            started_event = explain.Event(
                 explain.NORMAL, explain.STARTED, f"Started container {pod.container_name}"
             )
-            await self._record(pod, event)
+            await self._write.event(pod, started_event)
         self.queue.add_after(pod.key, self._intervals.pod_status_seconds * 5)
 
     async def _fail_lost(self, pod: PodView, why: str) -> None:
@@ -402,274 +346,42 @@ class PodController:
             offer_key=offer_key,
             cooldown=cooldown,
         )
-        await self._record(pod, event)
-        view = ContainerView(
-            pod.container_name,
-            pod.container_image,
-            Terminated(
-                exit_code=137,
-                reason="InstanceLost",
-                started_at=pod.status.running_since,
-                finished_at=self._now(),
-                message=event.message,
-            ),
-            pod.status.container_id,
-            pod.status.last_termination,
-            pod.status.restart_count,
+        await self._write.event(pod, event)
+        lost = Terminated(
+            exit_code=137,
+            reason="InstanceLost",
+            started_at=pod.status.running_since,
+            finished_at=self._now(),
+            message=event.message,
         )
-        await self._write_status(
-            pod, view, phase="Failed", reason="InstanceLost", message=event.message
+        await self._write.status(
+            pod,
+            container_view(pod, lost),
+            phase="Failed",
+            reason="InstanceLost",
+            message=event.message,
         )
         await self._release(pod)
 
-    def _terminated(self, instance: Instance) -> Terminated:
-        code = instance.exit_code if instance.exit_code is not None else 1
-        return Terminated(
-            exit_code=code,
-            reason="Completed" if code == 0 else "Error",
-            started_at=instance.started_at,
-            finished_at=instance.finished_at or self._now(),
-        )
-
     async def _complete(self, pod: PodView, instance: Instance) -> None:
-        view = ContainerView(
-            pod.container_name,
-            pod.container_image,
-            self._terminated(instance),
-            self._container_id(instance.instance_id),
-            pod.status.last_termination,
-            pod.status.restart_count,
-        )
-        await self._write_status(pod, view, pod_ip=instance.ip)
+        ended = terminated_of(instance, now=self._now())
+        view = container_view(pod, ended, instance_id=instance.instance_id)
+        await self._write.status(pod, view, pod_ip=instance.ip)
         await self._release(pod)
 
     async def _back_off(self, pod: PodView, instance: Instance, wait: float) -> None:
         delay = crash_backoff(self._intervals.restart_backoff_seconds, pod.status.restart_count)
         event = explain.crash_loop(pod.container_name, pod.name, delay)
         if pod.status.waiting_reason != "CrashLoopBackOff":
-            await self._record(pod, event)
-        view = ContainerView(
-            pod.container_name,
-            pod.container_image,
+            await self._write.event(pod, event)
+        view = container_view(
+            pod,
             Waiting("CrashLoopBackOff", event.message),
-            self._container_id(instance.instance_id),
-            self._terminated(instance),
-            pod.status.restart_count,
+            instance_id=instance.instance_id,
+            last=terminated_of(instance, now=self._now()),
         )
-        await self._write_status(pod, view)
+        await self._write.status(pod, view)
         self.queue.add_after(pod.key, wait)
-
-    # ------------------------------------------------------------------ placement and create
-
-    async def _translate(self, pod: PodView, attempt: int) -> tuple[WorkloadSpec, PlacementRequest]:
-        refs = references(pod.raw)
-        secrets: dict[str, JSON] = {}
-        config_maps: dict[str, JSON] = {}
-        for name in sorted(refs.secrets):
-            found = await self._kube.get_secret(pod.namespace, name)
-            if found is not None:
-                secrets[name] = found
-        for name in sorted(refs.config_maps):
-            found = await self._kube.get_config_map(pod.namespace, name)
-            if found is not None:
-                config_maps[name] = found
-        return to_request(
-            pod.raw,
-            secrets=secrets,
-            config_maps=config_maps,
-            node_name=self._node,
-            host_ip=self._host_ip,
-            attempt=attempt,
-        )
-
-    async def _launch(
-        self, pod: PodView, memory: _Memory, *, attempt: int, previous: Instance | None
-    ) -> None:
-        """The one create path: a first launch (``previous`` None) or a relaunch."""
-        key = pod.key
-        try:
-            spec, request = await self._translate(pod, attempt)
-        except InvalidPodSpec as exc:
-            if exc.retryable:
-                event = explain.Event(explain.WARNING, explain.FAILED_CONFIG, str(exc))
-                await self._record(pod, event)
-                await self._write_status(pod, waiting_view(pod, explain.FAILED_CONFIG, str(exc)))
-                self.queue.add_rate_limited(key, cap=self._intervals.retry_backoff_max_seconds)
-                return
-            await self._invalid(pod, exc.field, str(exc))
-            return
-        if previous is None and await self._adopt_existing(pod, memory):
-            return
-        offers = await self._offers.offers()
-        prefer = memory.prefer or (previous.offer_key if previous else None)
-        result = await self._launcher.launch(
-            spec,
-            request,
-            offers,
-            prefer=prefer,
-            # A first attempt avoids offers that lost an instance lately; retries may use them.
-            allow_avoided=previous is not None or self.queue.failures(key) > 0,
-        )
-        self._count(result)
-        for attempt_failed in result.attempts:
-            await self._record(
-                pod, explain.create_failed(attempt_failed.offer, attempt_failed.error)
-            )
-        if result.instance is not None and result.offer is not None:
-            memory.prefer, memory.waiting = None, False
-            self.queue.forget(key)
-            if previous is None or previous.offer_key != result.offer.key:
-                failed = [(a.offer, a.error) for a in result.attempts]
-                await self._record(
-                    pod,
-                    explain.provider_selected(
-                        result.offer, result.placement, failed, offers_seen=len(offers)
-                    ),
-                )
-            await self._placed(pod, memory, result, previous)
-            return
-        if result.invalid is not None:
-            await self._invalid(pod, result.invalid.field, str(result.invalid))
-            return
-        if result.retry_after is not None:
-            # 429 / 5xx: the same candidate again, after Retry-After or our back-off.
-            memory.prefer = result.attempts[-1].offer.key if result.attempts else None
-            self.queue.add_rate_limited(
-                key, at_least=result.retry_after, cap=self._intervals.retry_backoff_max_seconds
-            )
-            return
-        await self._unplaceable(pod, memory, result, request, previous)
-
-    def _count(self, result: LaunchResult) -> None:
-        for attempt in result.attempts:
-            self._observer.launch_failed(attempt.offer.provider, type(attempt.error).__name__)
-        if result.launched:
-            outcome = "launched"
-        elif result.invalid is not None:
-            outcome = "invalid"
-        elif result.retry_after is not None:
-            outcome = "retry"
-        elif result.budget_limited:
-            outcome = "budget_exceeded"
-        else:
-            outcome = "no_capacity"
-        self._observer.placement(outcome)
-
-    async def _adopt_existing(self, pod: PodView, memory: _Memory) -> bool:
-        """After a crash, an instance of this pod may exist that the pod does not name yet:
-        adopt it (reconciliation's choice when it made one) rather than create a duplicate."""
-        await self.tracker.polled.wait()
-        listed = self.tracker.for_pod(pod.uid)
-        chosen, memory.adopt = memory.adopt, None
-        if chosen is None or all(i.instance_id != chosen.instance_id for i in listed):
-            chosen = choose_adoptee(listed)
-        if chosen is None:
-            return False
-        log.info("adopting instance %s of pod %s/%s", chosen.instance_id, *pod.key)
-        await self._annotate(
-            pod, memory, chosen, offer_key=chosen.offer_key, price=chosen.price_per_hour
-        )
-        self.queue.add(pod.key)
-        return True
-
-    async def _annotate(
-        self, pod: PodView, memory: _Memory, instance: Instance, *, offer_key: str, price: float
-    ) -> JSON:
-        updated = await self._kube.patch_pod_annotations(
-            pod.namespace,
-            pod.name,
-            {
-                ANN_PROVIDER: instance.provider,
-                ANN_INSTANCE: instance.instance_id,
-                ANN_OFFER: offer_key,
-                ANN_PRICE: f"{price:.4f}",
-            },
-            uid=pod.uid,
-        )
-        self._store.update(updated)
-        memory.provider, memory.instance_id = instance.provider, instance.instance_id
-        self.tracker.remember(instance)
-        return updated
-
-    async def _placed(
-        self,
-        pod: PodView,
-        memory: _Memory,
-        result: LaunchResult,
-        previous: Instance | None,
-    ) -> None:
-        """Record a launch on the pod; a relaunch then releases the exited instance.
-
-        The exited instance is released only once the next one exists, so a failed create
-        leaves the pod naming an instance that exists.
-        """
-        instance, offer = result.instance, result.offer
-        assert instance is not None and offer is not None
-        updated = PodView.parse(
-            await self._annotate(
-                pod, memory, instance, offer_key=offer.key, price=offer.price_per_hour
-            )
-        )
-        if previous is not None and previous.instance_id != instance.instance_id:
-            try:
-                await self._providers[previous.provider].delete(
-                    previous.instance_id, grace_seconds=0
-                )
-            except ProviderError as exc:  # reconciliation removes it as an old attempt
-                log.info("releasing %s after a relaunch failed: %s", previous.instance_id, exc)
-        view = ContainerView(
-            updated.container_name,
-            updated.container_image,
-            Waiting("ContainerCreating"),
-            self._container_id(instance.instance_id),
-            self._terminated(previous) if previous is not None else None,
-            updated.status.restart_count + (1 if previous is not None else 0),
-        )
-        await self._write_status(updated, view)
-        self.queue.add_after(pod.key, self._intervals.pod_status_seconds)
-
-    async def _unplaceable(
-        self,
-        pod: PodView,
-        memory: _Memory,
-        result: LaunchResult,
-        request: PlacementRequest,
-        previous: Instance | None,
-    ) -> None:
-        memory.waiting = True
-        delay = self.queue.add_rate_limited(pod.key, cap=self._intervals.retry_backoff_max_seconds)
-        event = explain.unplaceable(
-            request,
-            result.placement,
-            budget_limited=result.budget_limited,
-            failed_launches=len(result.attempts),
-            retry_in=delay,
-        )
-        await self._record(pod, event)
-        if previous is None:
-            await self._write_status(pod, waiting_view(pod, "ContainerCreating", event.message))
-            return
-        view = ContainerView(
-            pod.container_name,
-            pod.container_image,
-            Waiting("CrashLoopBackOff", event.message),
-            self._container_id(previous.instance_id),
-            self._terminated(previous),
-            pod.status.restart_count,
-        )
-        await self._write_status(pod, view)
-
-    async def _invalid(self, pod: PodView, field: str, message: str) -> None:
-        event = explain.invalid_spec(field, message)
-        await self._record(pod, event)
-        view = waiting_view(pod, explain.INVALID_SPEC, event.message)
-        if pod.restart_policy == "Never":
-            await self._write_status(
-                pod, view, phase="Failed", reason=explain.INVALID_SPEC, message=event.message
-            )
-        else:
-            await self._write_status(pod, view, reason=explain.INVALID_SPEC, message=event.message)
-        # Not retried: the next change of the pod queues it again.
 
     # ------------------------------------------------------------------ ending
 
@@ -684,10 +396,10 @@ class PodController:
         assert placed is not None  # TERMINATE is only decided for a placed pod
         instance = sighting.instance
         if instance is None or instance.state is not InstanceState.TERMINATING:
-            event = explain.Event(
+            killing = explain.Event(
                 explain.NORMAL, explain.KILLING, f"Stopping container {pod.container_name}"
             )
-            await self._record(pod, event)
+            await self._write.event(pod, killing)
         try:
             await self._providers[placed.provider].delete(placed.instance_id, grace_seconds=grace)
         except ProviderError as exc:
@@ -724,7 +436,7 @@ class PodController:
                 "reconciliation terminates the instance",
                 *pod.key,
             )
-        await self._kube.delete_pod_now(pod.namespace, pod.name, uid=pod.uid)
+        await self._write.delete(pod)
         self._drop(pod.key, pod.uid, placed.offer_key if placed else None)
 
     async def _release(self, pod: PodView) -> None:
@@ -769,6 +481,6 @@ class PodController:
     def _drop(self, key: PodKey, uid: str, offer_key: str | None = None) -> None:
         self._memory.pop(key, None)
         self.queue.drop(key)
-        self._events.forget(uid)
+        self._write.forget_events(uid)
         if self._ledger.release(uid):
             self._room_appeared(offer_key)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from types import EllipsisType
 from typing import Any
 
+from vk_provider.domain.models import Instance
 from vk_provider.domain.podview import (
     TERMINAL_PHASES,
     ContainerState,
@@ -37,6 +39,42 @@ class ContainerView:
     container_id: str = ""
     last_state: Terminated | None = None
     restart_count: int = 0
+
+
+def container_id(instance_id: str) -> str:
+    return f"vk-provider://{instance_id}"
+
+
+def container_view(
+    pod: PodView,
+    state: ContainerState,
+    *,
+    instance_id: str | None = None,
+    last: Terminated | EllipsisType | None = ...,
+    restarts: int | None = None,
+) -> ContainerView:
+    """The pod's container in ``state``; the last termination (``...``: the recorded one) and
+    restart count are the pod's own unless given, the container id that of ``instance_id``
+    (else the recorded one)."""
+    return ContainerView(
+        name=pod.container_name,
+        image=pod.container_image,
+        state=state,
+        container_id=container_id(instance_id) if instance_id else pod.status.container_id,
+        last_state=pod.status.last_termination if last is ... else last,
+        restart_count=pod.status.restart_count if restarts is None else restarts,
+    )
+
+
+def terminated_of(instance: Instance, *, now: datetime) -> Terminated:
+    """How an exited instance's container ended (no exit code counts as a failure)."""
+    code = instance.exit_code if instance.exit_code is not None else 1
+    return Terminated(
+        exit_code=code,
+        reason="Completed" if code == 0 else "Error",
+        started_at=instance.started_at,
+        finished_at=instance.finished_at or now,
+    )
 
 
 def waiting_view(pod: PodView, reason: str, message: str = "") -> ContainerView:

@@ -22,18 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vk_provider.api.kubelet import (
-    KubeletApiServer,
-    build_server_ssl_context,
-    ensure_serving_certificate,
-)
-from vk_provider.api.kubelet_auth import (
-    PodLogSource,
-    SubjectAccessReviewAuthorizer,
-    TokenReviewAuthenticator,
-)
+from vk_provider.api.authn import SubjectAccessReviewAuthorizer, TokenReviewAuthenticator
+from vk_provider.api.kubelet import KubeletApiServer
 from vk_provider.api.metrics import Metrics
+from vk_provider.api.podlogs import PodLogSource
 from vk_provider.api.rest import RestAuth, RestServer, StaticTokenAuth, TokenReviewAuth, build_app
+from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certificate
 from vk_provider.api.view import AgentView, Readiness
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.launch import Launcher

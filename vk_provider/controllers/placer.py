@@ -1,0 +1,267 @@
+"""Placing a pod: the pod controller's one create path, for first launches and relaunches.
+
+``Placer.launch`` reads the pod once into ``(WorkloadSpec, PlacementRequest)`` (fetching the
+Secrets and ConfigMaps it references), adopts an instance a crash left behind before it
+creates anything (first launches only; reconciliation's choice first), and otherwise asks
+the ``Launcher`` — budget reservation, failover, offer blocks, ``Retry-After``. It then writes
+what happened: annotations and ``ContainerCreating`` after a launch (a relaunch releases the
+exited instance only once the next one exists), Events for every refusal, and a waiting
+status with the reason when nothing fits.
+
+Invariants: every retry is the work queue's back-off of the pod's key (``add_rate_limited``);
+a pod whose spec can never run (``InvalidSpec``) is not retried until it changes; a launch
+clears the key's back-off (``forget``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from vk_provider.controllers.instances import InstanceTracker
+from vk_provider.controllers.launch import Launcher, LaunchResult
+from vk_provider.controllers.observer import ControllerObserver
+from vk_provider.controllers.offers import OfferBook
+from vk_provider.controllers.podwriter import PodWriter
+from vk_provider.controllers.workqueue import WorkQueue
+from vk_provider.domain import explain
+from vk_provider.domain.contract import Provider
+from vk_provider.domain.env import references
+from vk_provider.domain.errors import ProviderError
+from vk_provider.domain.models import Instance, WorkloadSpec
+from vk_provider.domain.placement import PlacementRequest
+from vk_provider.domain.podspec import InvalidPodSpec
+from vk_provider.domain.podstatus import container_view, terminated_of, waiting_view
+from vk_provider.domain.podview import JSON, PodKey, PodView, Waiting
+from vk_provider.domain.reconcile import choose_adoptee
+from vk_provider.domain.workload import to_request
+from vk_provider.kube.client import KubeClient
+from vk_provider.settings.agent import IntervalsConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PodMemory:
+    """What the controller remembers of one pod between syncs (a cache: the pod and the
+    providers hold the truth)."""
+
+    uid: str
+    provider: str | None = None  # the last instance the pod named, to stop it if the pod
+    instance_id: str | None = None  # is force-deleted behind our back
+    offer_key: str | None = None
+    adopt: Instance | None = None  # reconciliation's choice among the pod's unclaimed instances
+    prefer: str | None = None  # offer to try first after a 429 / 5xx
+    waiting: bool = False  # unplaceable: kicked when room appears
+
+
+class Placer:
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        node_name: str,
+        host_ip: str,
+        providers: Mapping[str, Provider],
+        offers: OfferBook,
+        launcher: Launcher,
+        tracker: InstanceTracker,
+        queue: WorkQueue[PodKey],
+        writer: PodWriter,
+        intervals: IntervalsConfig,
+        observer: ControllerObserver,
+        now: Callable[[], datetime],
+    ) -> None:
+        self._kube = kube
+        self._node = node_name
+        self._host_ip = host_ip
+        self._providers = providers
+        self._offers = offers
+        self._launcher = launcher
+        self._tracker = tracker
+        self._queue = queue
+        self._write = writer
+        self._intervals = intervals
+        self._observer = observer
+        self._now = now
+
+    async def launch(
+        self, pod: PodView, memory: PodMemory, *, attempt: int, previous: Instance | None
+    ) -> None:
+        """A first launch (``previous`` None) or a relaunch after ``previous`` exited."""
+        key = pod.key
+        try:
+            spec, request = await self._translate(pod, attempt)
+        except InvalidPodSpec as exc:
+            if exc.retryable:  # a referenced Secret or ConfigMap may still appear
+                await self._write.event(
+                    pod, explain.Event(explain.WARNING, explain.FAILED_CONFIG, str(exc))
+                )
+                await self._write.status(pod, waiting_view(pod, explain.FAILED_CONFIG, str(exc)))
+                self._queue.add_rate_limited(key, cap=self._intervals.retry_backoff_max_seconds)
+                return
+            await self.invalid(pod, exc.field, str(exc))
+            return
+        if previous is None and await self._adopt_existing(pod, memory):
+            return
+        offers = await self._offers.offers()
+        result = await self._launcher.launch(
+            spec,
+            request,
+            offers,
+            prefer=memory.prefer or (previous.offer_key if previous else None),
+            # A first attempt avoids offers that lost an instance lately; retries may use them.
+            allow_avoided=previous is not None or self._queue.failures(key) > 0,
+        )
+        self._count(result)
+        for failed in result.attempts:
+            await self._write.event(pod, explain.create_failed(failed.offer, failed.error))
+        if result.instance is not None and result.offer is not None:
+            memory.prefer, memory.waiting = None, False
+            self._queue.forget(key)
+            if previous is None or previous.offer_key != result.offer.key:
+                refused = [(a.offer, a.error) for a in result.attempts]
+                selected = explain.provider_selected(
+                    result.offer, result.placement, refused, offers_seen=len(offers)
+                )
+                await self._write.event(pod, selected)
+            await self._placed(pod, memory, result, previous)
+        elif result.invalid is not None:
+            await self.invalid(pod, result.invalid.field, str(result.invalid))
+        elif result.retry_after is not None:
+            # 429 / 5xx: the same candidate again, after Retry-After or our back-off.
+            memory.prefer = result.attempts[-1].offer.key if result.attempts else None
+            self._queue.add_rate_limited(
+                key, at_least=result.retry_after, cap=self._intervals.retry_backoff_max_seconds
+            )
+        else:
+            await self._unplaceable(pod, memory, result, request, previous)
+
+    async def invalid(self, pod: PodView, field: str, message: str) -> None:
+        """The pod asks for what no provider can ever run: say so; not retried until it changes."""
+        event = explain.invalid_spec(field, message)
+        await self._write.event(pod, event)
+        view = waiting_view(pod, explain.INVALID_SPEC, event.message)
+        phase = "Failed" if pod.restart_policy == "Never" else None
+        await self._write.status(
+            pod, view, phase=phase, reason=explain.INVALID_SPEC, message=event.message
+        )
+
+    async def _translate(self, pod: PodView, attempt: int) -> tuple[WorkloadSpec, PlacementRequest]:
+        refs = references(pod.raw)
+        secrets: dict[str, JSON] = {}
+        config_maps: dict[str, JSON] = {}
+        for name in sorted(refs.secrets):
+            found = await self._kube.get_secret(pod.namespace, name)
+            if found is not None:
+                secrets[name] = found
+        for name in sorted(refs.config_maps):
+            found = await self._kube.get_config_map(pod.namespace, name)
+            if found is not None:
+                config_maps[name] = found
+        return to_request(
+            pod.raw,
+            secrets=secrets,
+            config_maps=config_maps,
+            node_name=self._node,
+            host_ip=self._host_ip,
+            attempt=attempt,
+        )
+
+    def _count(self, result: LaunchResult) -> None:
+        for attempt in result.attempts:
+            self._observer.launch_failed(attempt.offer.provider, type(attempt.error).__name__)
+        if result.launched:
+            outcome = "launched"
+        elif result.invalid is not None:
+            outcome = "invalid"
+        elif result.retry_after is not None:
+            outcome = "retry"
+        elif result.budget_limited:
+            outcome = "budget_exceeded"
+        else:
+            outcome = "no_capacity"
+        self._observer.placement(outcome)
+
+    async def _adopt_existing(self, pod: PodView, memory: PodMemory) -> bool:
+        """After a crash, an instance of this pod may exist that the pod does not name yet:
+        adopt it (reconciliation's choice when it made one) rather than create a duplicate."""
+        await self._tracker.polled.wait()
+        listed = self._tracker.for_pod(pod.uid)
+        chosen, memory.adopt = memory.adopt, None
+        if chosen is None or all(i.instance_id != chosen.instance_id for i in listed):
+            chosen = choose_adoptee(listed)
+        if chosen is None:
+            return False
+        log.info("adopting instance %s of pod %s/%s", chosen.instance_id, *pod.key)
+        await self._record_placed(pod, memory, chosen, chosen.offer_key, chosen.price_per_hour)
+        self._queue.add(pod.key)
+        return True
+
+    async def _record_placed(
+        self, pod: PodView, memory: PodMemory, instance: Instance, offer_key: str, price: float
+    ) -> PodView:
+        updated = await self._write.placed(pod, instance, offer_key=offer_key, price=price)
+        memory.provider, memory.instance_id = instance.provider, instance.instance_id
+        memory.offer_key = offer_key
+        self._tracker.remember(instance)
+        return updated
+
+    async def _placed(
+        self, pod: PodView, memory: PodMemory, result: LaunchResult, previous: Instance | None
+    ) -> None:
+        """Record a launch on the pod; a relaunch then releases the exited instance.
+
+        The exited instance is released only once the next one exists, so a failed create
+        leaves the pod naming an instance that exists.
+        """
+        instance, offer = result.instance, result.offer
+        assert instance is not None and offer is not None
+        updated = await self._record_placed(pod, memory, instance, offer.key, offer.price_per_hour)
+        if previous is not None and previous.instance_id != instance.instance_id:
+            try:
+                await self._providers[previous.provider].delete(
+                    previous.instance_id, grace_seconds=0
+                )
+            except ProviderError as exc:  # reconciliation removes it as an old attempt
+                log.info("releasing %s after a relaunch failed: %s", previous.instance_id, exc)
+        view = container_view(
+            updated,
+            Waiting("ContainerCreating"),
+            instance_id=instance.instance_id,
+            last=terminated_of(previous, now=self._now()) if previous else None,
+            restarts=updated.status.restart_count + (1 if previous else 0),
+        )
+        await self._write.status(updated, view)
+        self._queue.add_after(pod.key, self._intervals.pod_status_seconds)
+
+    async def _unplaceable(
+        self,
+        pod: PodView,
+        memory: PodMemory,
+        result: LaunchResult,
+        request: PlacementRequest,
+        previous: Instance | None,
+    ) -> None:
+        memory.waiting = True
+        delay = self._queue.add_rate_limited(pod.key, cap=self._intervals.retry_backoff_max_seconds)
+        event = explain.unplaceable(
+            request,
+            result.placement,
+            budget_limited=result.budget_limited,
+            failed_launches=len(result.attempts),
+            retry_in=delay,
+        )
+        await self._write.event(pod, event)
+        if previous is None:
+            await self._write.status(pod, waiting_view(pod, "ContainerCreating", event.message))
+            return
+        view = container_view(
+            pod,
+            Waiting("CrashLoopBackOff", event.message),
+            instance_id=previous.instance_id,
+            last=terminated_of(previous, now=self._now()),
+        )
+        await self._write.status(pod, view)

@@ -1,0 +1,92 @@
+"""What the pod controllers write to the API about a pod: status, Events, annotations.
+
+One small class so every write keeps the pod store current with what the API answered
+(the next sync reads our own write, not an older watch event) and a status that would not
+change anything is not written at all.
+
+Invariants: status goes through ``/status`` only when ``status_changed``; annotation writes
+carry the pod's UID as a precondition; Events never fail a sync (the recorder swallows
+API errors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from vk_provider.controllers.podwatch import PodStore
+from vk_provider.domain import explain
+from vk_provider.domain.models import Instance
+from vk_provider.domain.podstatus import ContainerView, pod_status, status_changed
+from vk_provider.domain.podview import ANN_INSTANCE, ANN_OFFER, ANN_PRICE, ANN_PROVIDER, PodView
+from vk_provider.kube.client import KubeClient
+from vk_provider.kube.events import EventRecorder
+
+
+class PodWriter:
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        store: PodStore,
+        recorder: EventRecorder,
+        host_ip: str,
+        now: Callable[[], datetime],
+    ) -> None:
+        self._kube = kube
+        self._store = store
+        self._events = recorder
+        self._host_ip = host_ip
+        self._now = now
+
+    async def status(
+        self,
+        pod: PodView,
+        view: ContainerView,
+        *,
+        pod_ip: str | None = None,
+        phase: str | None = None,
+        reason: str = "",
+        message: str = "",
+    ) -> None:
+        wanted = pod_status(
+            pod,
+            view,
+            now=self._now(),
+            host_ip=self._host_ip,
+            pod_ip=pod_ip,
+            phase=phase,
+            reason=reason,
+            message=message,
+        )
+        if status_changed(pod.raw.get("status") or {}, wanted):
+            updated = await self._kube.patch_pod_status(pod.namespace, pod.name, wanted)
+            self._store.update(updated)
+
+    async def event(self, pod: PodView, event: explain.Event) -> None:
+        await self._events.record(pod.raw, event.kind, event.reason, event.message)
+
+    def forget_events(self, uid: str) -> None:
+        self._events.forget(uid)
+
+    async def placed(
+        self, pod: PodView, instance: Instance, *, offer_key: str, price: float
+    ) -> PodView:
+        """Annotate where the pod runs (one write); returns the pod as the API now has it."""
+        updated = await self._kube.patch_pod_annotations(
+            pod.namespace,
+            pod.name,
+            {
+                ANN_PROVIDER: instance.provider,
+                ANN_INSTANCE: instance.instance_id,
+                ANN_OFFER: offer_key,
+                ANN_PRICE: f"{price:.4f}",
+            },
+            uid=pod.uid,
+        )
+        self._store.update(updated)
+        return PodView.parse(updated)
+
+    async def delete(self, pod: PodView) -> None:
+        """Delete the pod now (grace 0), only if it is still the one with this UID."""
+        await self._kube.delete_pod_now(pod.namespace, pod.name, uid=pod.uid)
