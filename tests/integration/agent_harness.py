@@ -148,6 +148,8 @@ class AgentHarness:
             },
             "providers": [
                 {"type": "local", "enabled": True, "state_dir": str(provider_dirs[p["name"]]), **p}
+                if p.get("type", "local") == "local"
+                else p
                 for p in entries
             ],
         }
@@ -202,6 +204,8 @@ def local_providers(agent: AgentProcess) -> list[LocalProvider]:
     """The agent's local providers, built from the configuration it was started with."""
     providers = []
     for raw in agent.provider_entries:
+        if raw.get("type") != "local":
+            continue
         entry = LocalProviderConfig.model_validate(raw)
         providers.append(LocalProvider(entry, state_dir=Path(str(entry.state_dir))))
     return providers

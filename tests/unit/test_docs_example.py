@@ -1,26 +1,19 @@
-"""The minimal adapter in docs/adding-a-provider.md is real code that honours the contract."""
+"""The example adapter of docs/adding-a-provider.md (an installed package) keeps the contract."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-from typing import Any
-
 import pytest
+from vk_provider_example.adapter import ExampleProvider
+from vk_provider_example.config import ExampleSettings
 
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import CapacityUnavailable, NotFound
 from vk_provider.domain.models import InstanceState, WorkloadSpec
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "adding-a-provider.md"
-
 
 @pytest.fixture
-def provider() -> Any:
-    (code,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
-    namespace: dict[str, Any] = {"__name__": "docs_example"}
-    exec(compile(code, str(DOC), "exec"), namespace)  # noqa: S102 - our own documentation
-    return namespace["InMemoryProvider"]()
+def provider() -> ExampleProvider:
+    return ExampleProvider(ExampleSettings(type="example", name="example"))
 
 
 def _spec(uid: str, attempt: int = 0) -> WorkloadSpec:
@@ -29,7 +22,7 @@ def _spec(uid: str, attempt: int = 0) -> WorkloadSpec:
     )
 
 
-async def test_example_is_a_provider_and_keeps_the_contract(provider: Any) -> None:
+async def test_example_is_a_provider_and_keeps_the_contract(provider: ExampleProvider) -> None:
     assert isinstance(provider, Provider)
     (offer,) = await provider.offers()
     first = await provider.create(_spec("uid-1"), offer)

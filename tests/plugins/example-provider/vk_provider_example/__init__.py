@@ -1,0 +1,1 @@
+"""An example provider adapter for vk-provider, shipped as its own package."""

@@ -1,0 +1,18 @@
+"""What the agent's registry loads through the entry point: the type, its settings, a factory."""
+
+from vk_provider.domain.contract import Provider
+from vk_provider.settings.providers import BuildContext, ProviderType
+from vk_provider_example.adapter import ExampleProvider
+from vk_provider_example.config import ExampleSettings
+
+
+def build(settings: ExampleSettings, context: BuildContext) -> Provider:
+    return ExampleProvider(settings)
+
+
+PROVIDER_TYPE = ProviderType(
+    name="example",
+    settings=ExampleSettings,
+    build=build,
+    description="One simulated GPU, kept in memory (an example third-party adapter).",
+)
