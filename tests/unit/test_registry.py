@@ -79,7 +79,7 @@ def test_an_unknown_type_lists_the_known_ones() -> None:
 
 def test_a_type_name_is_registered_once() -> None:
     registry = Registry(BUILT_IN)
-    with pytest.raises(ConfigError, match="'runpod' .* already registered"):
+    with pytest.raises(ConfigError, match=r"'runpod' .* already registered"):
         registry.add(BUILT_IN[2], origin="entry point acme:PROVIDER_TYPE")
 
 
