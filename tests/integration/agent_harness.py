@@ -122,6 +122,7 @@ class AgentHarness:
         kubeconfig: Path | None = None,
         placement: dict[str, Any] | None = None,
         budget: dict[str, Any] | None = None,
+        rest_static_token: bool = True,
         start: bool = True,
     ) -> AgentProcess:
         node_name = f"vk-{uuid.uuid4().hex[:8]}"
@@ -137,7 +138,10 @@ class AgentHarness:
                 "listen": "127.0.0.1:0",
                 "client_ca_file": str(self._cluster.pki.ca.cert),
             },
-            "rest": {"listen": "127.0.0.1:0", "static_token": f"file:{token_file}"},
+            # Without the static token, REST callers are checked by TokenReview and
+            # SubjectAccessReview against the cluster, as in production.
+            "rest": {"listen": "127.0.0.1:0"}
+            | ({"static_token": f"file:{token_file}"} if rest_static_token else {}),
             "intervals": {
                 "lease_seconds": 2,
                 "node_status_seconds": 5,

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from kubernetes_asyncio import client
@@ -41,7 +42,15 @@ def deployed_rbac(control_plane: LocalCluster) -> Iterator[None]:
     try:
         yield
     finally:
-        _kubectl(control_plane.kubeconfig, "delete", "--wait=false", "--ignore-not-found", *files)
+        # Waited for: the next test applying these files must not meet a terminating namespace.
+        _kubectl(
+            control_plane.kubeconfig,
+            "delete",
+            "--wait=true",
+            "--timeout=90s",
+            "--ignore-not-found",
+            *files,
+        )
 
 
 async def test_agent_runs_with_only_the_deployed_rbac(
@@ -95,3 +104,63 @@ async def test_agent_runs_with_only_the_deployed_rbac(
 
     await wait_for(gone, timeout=20, what="the pod to be deleted")
     assert "Forbidden" not in agent.log_text(), agent.log_text()[-3000:]
+
+
+async def _token(core: client.CoreV1Api, namespace: str, name: str) -> str:
+    await core.create_namespaced_service_account(
+        namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=name))
+    )
+    request = {"spec": {"audiences": [], "expirationSeconds": 3600}}
+    token: str = (
+        await core.create_namespaced_service_account_token(name, namespace, request)
+    ).status.token
+    return token
+
+
+async def test_rest_api_authorises_every_route_with_the_viewer_role(
+    deployed_rbac: None,
+    control_plane: LocalCluster,
+    kube: ApiClient,
+    agents: AgentHarness,
+    namespace: str,
+) -> None:
+    """TokenReview mode: authentication alone is not enough (PRODUCT.md §8)."""
+    core = client.CoreV1Api(kube)
+    nobody = await _token(core, namespace, "nobody")
+    viewer = await _token(core, namespace, "viewer")
+    binding = f"viewer-{namespace}"
+    bound = _kubectl(
+        control_plane.kubeconfig,
+        "create",
+        "clusterrolebinding",
+        binding,
+        "--clusterrole=vk-provider-viewer",
+        f"--serviceaccount={namespace}:viewer",
+    )
+    assert bound.returncode == 0, bound.stderr
+    try:
+        agent = agents.start(rest_static_token=False)
+
+        async def url() -> str | None:
+            return agent.rest_url()
+
+        base = await wait_for(url, timeout=30, what="the REST API to listen")
+        routes = ["/v1/providers", "/v1/providers/local-a", "/v1/offers", "/v1/pods", "/v1/spend"]
+        async with httpx.AsyncClient(base_url=base, timeout=15) as http:
+
+            async def ready() -> bool:
+                return (await http.get("/readyz")).status_code == 200
+
+            await wait_for(ready, timeout=60, what="the agent ready")
+            for path in routes:
+                refused = await http.get(path, headers={"Authorization": f"Bearer {nobody}"})
+                assert refused.status_code == 403, (path, refused.text)
+                assert f"system:serviceaccount:{namespace}:nobody" in refused.text
+                allowed = await http.get(path, headers={"Authorization": f"Bearer {viewer}"})
+                assert allowed.status_code == 200, (path, allowed.text)
+            anonymous = await http.get("/v1/pods")
+            assert anonymous.status_code == 401
+        log = agent.log_text()
+        assert nobody not in log and viewer not in log
+    finally:
+        _kubectl(control_plane.kubeconfig, "delete", "clusterrolebinding", binding)

@@ -24,14 +24,15 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from vk_provider.api.authn import TokenReviewAuthenticator, UserInfo
-from vk_provider.api.metrics import CONTENT_TYPE, Metrics
-from vk_provider.api.rest import (
-    RestServer,
-    StaticTokenAuth,
-    TokenReviewAuth,
-    build_app,
+from vk_provider.api.authn import (
+    RequestAttributes,
+    SubjectAccessReviewAuthorizer,
+    TokenReviewAuthenticator,
+    UserInfo,
 )
+from vk_provider.api.metrics import CONTENT_TYPE, Metrics
+from vk_provider.api.rest import RestServer, build_app
+from vk_provider.api.rest_auth import StaticTokenAuth, TokenReviewAuth
 from vk_provider.api.view import AgentView, Readiness
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.offers import OfferBook
@@ -350,8 +351,11 @@ async def test_the_scheme_is_case_insensitive(client: httpx.AsyncClient) -> None
 
 
 class RaisingAuth:
-    async def authenticate(self, token: str) -> str | None:
+    async def authenticate(self, token: str) -> UserInfo | None:
         raise ConnectionError(f"API server unreachable while reviewing {token}")
+
+    async def authorize(self, user: UserInfo, attributes: RequestAttributes) -> bool:
+        return True
 
 
 async def test_an_authenticator_that_raises_answers_503_not_500_and_not_200(
@@ -370,15 +374,18 @@ async def test_an_authenticator_that_raises_answers_503_not_500_and_not_200(
 
 
 class SlowAuth:
-    async def authenticate(self, token: str) -> str | None:
+    async def authenticate(self, token: str) -> UserInfo | None:
         await asyncio.sleep(3600)
-        return "never"
+        return UserInfo("never", ())
+
+    async def authorize(self, user: UserInfo, attributes: RequestAttributes) -> bool:
+        return True
 
 
 async def test_an_authenticator_that_hangs_answers_503(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("vk_provider.api.rest.AUTH_TIMEOUT_SECONDS", 0.05)
+    monkeypatch.setattr("vk_provider.api.rest_auth.AUTH_TIMEOUT_SECONDS", 0.05)
     async with client_for(world.app(auth=SlowAuth())) as http:
         response = await http.get("/v1/pods", headers=AUTH)
     assert_error(response, 503, "unavailable")
@@ -386,7 +393,9 @@ async def test_an_authenticator_that_hangs_answers_503(
 
 async def test_static_token_auth() -> None:
     auth = StaticTokenAuth(SECRET_TOKEN)
-    assert await auth.authenticate(SECRET_TOKEN) == "static-token"
+    user = await auth.authenticate(SECRET_TOKEN)
+    assert user is not None and user.username == "static-token"
+    assert await auth.authorize(user, RequestAttributes(verb="list", resource="pods"))
     assert await auth.authenticate(SECRET_TOKEN[:-1]) is None
     assert await auth.authenticate("") is None
     assert await auth.authenticate("é" + SECRET_TOKEN) is None  # non-ASCII compares too
@@ -395,49 +404,108 @@ async def test_static_token_auth() -> None:
         StaticTokenAuth("")
 
 
+VIEWER = "system:serviceaccount:ops:viewer"
+NOBODY = "system:serviceaccount:ops:nobody"
+
+
 @dataclass
 class FakeKube:
-    """Stands in for ``KubeClient.token_review``: one valid service-account token."""
+    """Stands in for ``KubeClient.token_review`` and ``subject_access_review``: two valid
+    service-account tokens, one of whose identity RBAC lets read the vk-provider.io group."""
 
-    valid: str = "sa-token-1234"
+    tokens: dict[str, str] = field(
+        default_factory=lambda: {"viewer-token": VIEWER, "nobody-token": NOBODY}
+    )
     reviews: list[str] = field(default_factory=list)
+    access_reviews: list[dict[str, Any]] = field(default_factory=list)
 
     async def token_review(self, token: str) -> dict[str, Any]:
         self.reviews.append(token)
-        if token != self.valid:
+        if token not in self.tokens:
             return {"status": {"authenticated": False}}
-        return {
-            "status": {
-                "authenticated": True,
-                "user": {"username": "system:serviceaccount:ops:viewer", "groups": ["g"]},
-            }
-        }
+        user = {"username": self.tokens[token], "groups": ["system:serviceaccounts"]}
+        return {"status": {"authenticated": True, "user": user}}
+
+    async def subject_access_review(self, spec: dict[str, Any]) -> dict[str, Any]:
+        self.access_reviews.append(spec)
+        attributes = spec.get("resourceAttributes") or {}
+        allowed = spec["user"] == VIEWER and (
+            attributes.get("group") == "vk-provider.io"
+            or spec.get("nonResourceAttributes", {}).get("path") == "/metrics"
+        )
+        return {"status": {"allowed": allowed}}
 
 
-async def test_token_review_auth_through_the_cached_authenticator(world: World) -> None:
+def review_auth(kube: FakeKube, world: World) -> TokenReviewAuth:
+    return TokenReviewAuth(
+        TokenReviewAuthenticator(cast(KubeClient, kube), clock=world.clock),
+        SubjectAccessReviewAuthorizer(cast(KubeClient, kube), clock=world.clock),
+    )
+
+
+V1_ROUTES = {
+    "/v1/providers": ("providers", "list"),
+    "/v1/providers/alpha": ("providers", "get"),
+    "/v1/offers": ("offers", "list"),
+    "/v1/pods": ("pods", "list"),
+    "/v1/spend": ("spend", "get"),
+}
+
+
+async def test_token_review_auth_through_the_cached_reviews(world: World) -> None:
     kube = FakeKube()
-    authenticator = TokenReviewAuthenticator(cast(KubeClient, kube), clock=world.clock)
-    async with client_for(world.app(auth=TokenReviewAuth(authenticator))) as http:
-        good = {"Authorization": f"Bearer {kube.valid}"}
+    async with client_for(world.app(auth=review_auth(kube, world))) as http:
+        good = {"Authorization": "Bearer viewer-token"}
         assert (await http.get("/v1/providers", headers=good)).status_code == 200
         assert (await http.get("/v1/pods", headers=good)).status_code == 200
         bad = await http.get("/v1/pods", headers={"Authorization": "Bearer not-a-token"})
     assert_error(bad, 401, "unauthorized")
     # The second request with the same token was answered from the cache.
-    assert kube.reviews == [kube.valid, "not-a-token"]
+    assert kube.reviews == ["viewer-token", "not-a-token"]
 
 
-async def test_token_review_auth_maps_users() -> None:
+async def test_every_v1_route_is_authorised_not_only_authenticated(world: World) -> None:
+    """A valid token of an identity without RBAC rights gets 403 everywhere; the viewer 200."""
+    kube = FakeKube()
+    async with client_for(world.app(auth=review_auth(kube, world))) as http:
+        for path in V1_ROUTES:
+            refused = await http.get(path, headers={"Authorization": "Bearer nobody-token"})
+            error = assert_error(refused, 403, "forbidden")
+            assert NOBODY in error["message"]
+            allowed = await http.get(path, headers={"Authorization": "Bearer viewer-token"})
+            assert allowed.status_code == 200, path
+    asked = {
+        (r["resourceAttributes"]["resource"], r["resourceAttributes"]["verb"])
+        for r in kube.access_reviews
+    }
+    assert asked == set(V1_ROUTES.values())
+    assert {r["resourceAttributes"]["group"] for r in kube.access_reviews} == {"vk-provider.io"}
+
+
+async def test_closed_metrics_are_authorised_as_a_non_resource_url(world: World) -> None:
+    kube = FakeKube()
+    app = world.app(auth=review_auth(kube, world), open_metrics=False)
+    async with client_for(app) as http:
+        refused = await http.get("/metrics", headers={"Authorization": "Bearer nobody-token"})
+        allowed = await http.get("/metrics", headers={"Authorization": "Bearer viewer-token"})
+    assert_error(refused, 403, "forbidden")
+    assert allowed.status_code == 200
+    assert kube.access_reviews[-1]["nonResourceAttributes"] == {"path": "/metrics", "verb": "get"}
+
+
+async def test_a_reviewer_that_cannot_answer_gives_503() -> None:
     class Fixed:
-        def __init__(self, user: UserInfo | None) -> None:
-            self.user = user
-
         async def authenticate_token(self, token: str) -> UserInfo | None:
-            return self.user
+            return UserInfo("alice", ("dev",))
 
-    assert await TokenReviewAuth(Fixed(UserInfo("alice", ("dev",)))).authenticate("t") == "alice"
-    assert await TokenReviewAuth(Fixed(UserInfo("", ()))).authenticate("t") == "system:unknown"
-    assert await TokenReviewAuth(Fixed(None)).authenticate("t") is None
+    class Down:
+        async def authorize(self, user: UserInfo, attributes: RequestAttributes) -> bool:
+            raise ConnectionError("API server down")
+
+    auth = TokenReviewAuth(Fixed(), Down())
+    assert await auth.authenticate("t") == UserInfo("alice", ("dev",))
+    with pytest.raises(ConnectionError):
+        await auth.authorize(UserInfo("alice", ()), RequestAttributes(verb="get", path="/x"))
 
 
 # --------------------------------------------------------------------------- providers

@@ -56,13 +56,15 @@ class UserInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestAttributes:
-    """What a request does, in SubjectAccessReview terms (``resourceAttributes``)."""
+    """What a request does, in SubjectAccessReview terms: ``resourceAttributes``, or
+    ``nonResourceAttributes`` when ``path`` is set."""
 
     verb: str
     resource: str = "nodes"
-    subresource: str
-    name: str
+    subresource: str = ""
+    name: str = ""
     api_group: str = ""
+    path: str = ""
 
 
 class Authenticator(Protocol):
@@ -169,18 +171,21 @@ class SubjectAccessReviewAuthorizer:
         cached = self._cache.get(key)
         if cached and self._clock() - cached[1] < _CACHE_SECONDS:
             return cached[0]
-        spec = {
+        spec: dict[str, object] = {
             "user": user.username,
             "groups": list(user.groups),
             "uid": user.uid,
-            "resourceAttributes": {
+        }
+        if attributes.path:
+            spec["nonResourceAttributes"] = {"path": attributes.path, "verb": attributes.verb}
+        else:
+            spec["resourceAttributes"] = {
                 "verb": attributes.verb,
                 "resource": attributes.resource,
                 "subresource": attributes.subresource,
                 "name": attributes.name,
                 "group": attributes.api_group,
-            },
-        }
+            }
         review = await self._kube.subject_access_review(spec)
         allowed = bool((review.get("status") or {}).get("allowed"))
         if len(self._cache) > 1024:

@@ -10,10 +10,12 @@ Invariants:
 - Nothing secret leaves: response models are built field by field from the view's snapshots
   (which hold no configuration), error bodies carry a fixed code and a message we wrote —
   never an exception's text or a traceback — and tokens are neither logged nor echoed.
-- Every ``/v1/*`` route needs ``Authorization: Bearer <token>`` (``/metrics`` too unless
-  ``open_metrics``); ``/healthz``, ``/readyz`` and ``/openapi.json`` are open. Missing or
-  refused credentials answer 401 with ``WWW-Authenticate: Bearer``; an authenticator that
-  cannot tell (the API server is down) answers 503, so a caller retries instead of giving up.
+- Every ``/v1/*`` route needs ``Authorization: Bearer <token>`` and is authorised
+  (``rest_auth``: a SubjectAccessReview on ``vk-provider.io`` resources in cluster);
+  ``/metrics`` too unless ``open_metrics``; ``/healthz``, ``/readyz`` and ``/openapi.json``
+  are open. Missing or refused credentials answer 401 with ``WWW-Authenticate: Bearer``, a
+  token without the right 403; a reviewer that cannot tell (the API server is down) answers
+  503, so a caller retries instead of giving up.
 - Every error is JSON ``{"error": {"code": ..., "message": ...}}`` (401, 403, 404, 405, 422,
   500, 503), and the OpenAPI document says so for each route.
 """
@@ -22,22 +24,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import socket
 from collections.abc import Generator, Mapping, Sequence
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from vk_provider import __version__
-from vk_provider.api.authn import Authenticator
+from vk_provider.api.authn import RequestAttributes
 from vk_provider.api.metrics import CONTENT_TYPE, Metrics
+from vk_provider.api.rest_auth import RestAuth, access, non_resource, resource
 from vk_provider.api.schemas import (
     ErrorBody,
     ErrorDetail,
@@ -69,55 +70,6 @@ _ERROR_CODES = {
     500: "internal_error",
     503: "unavailable",
 }
-
-
-# --------------------------------------------------------------------------- authentication
-
-
-class RestAuth(Protocol):
-    async def authenticate(self, token: str) -> str | None:
-        """The user name a bearer token belongs to, or None if the token is not valid.
-
-        Raising means "cannot tell now" (for example the API server is unreachable); the
-        request is answered 503.
-        """
-        ...
-
-
-class StaticTokenAuth:
-    """Development: one shared token, compared in constant time."""
-
-    def __init__(self, token: str, *, username: str = "static-token") -> None:
-        if not token:
-            raise ValueError("the static token must not be empty")
-        self._token = token.encode()
-        self._username = username
-
-    async def authenticate(self, token: str) -> str | None:
-        return self._username if hmac.compare_digest(token.encode(), self._token) else None
-
-    def __repr__(self) -> str:
-        return "StaticTokenAuth(<redacted>)"
-
-
-class TokenReviewAuth:
-    """In cluster: the token is checked by a (cached) Kubernetes TokenReview.
-
-    ``authenticator`` is normally ``kubelet_backend.TokenReviewAuthenticator``, shared with the
-    kubelet API so both use one cache.
-    """
-
-    def __init__(self, authenticator: Authenticator) -> None:
-        self._authenticator = authenticator
-
-    async def authenticate(self, token: str) -> str | None:
-        user = await self._authenticator.authenticate_token(token)
-        if user is None:
-            return None
-        return user.username or "system:unknown"
-
-
-# --------------------------------------------------------------------------- response models
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -169,51 +121,13 @@ def _validation_message(exc: RequestValidationError) -> str:
 
 # --------------------------------------------------------------------------- the application
 
-_BEARER = HTTPBearer(
-    auto_error=False,
-    description="A Kubernetes service-account token (checked by TokenReview), or the static "
-    "development token.",
-)
-
-
-class _TokenCheck:
-    """The dependency of authenticated routes: the caller's user name, or an HTTP error."""
-
-    def __init__(self, auth: RestAuth) -> None:
-        self._auth = auth
-
-    async def __call__(
-        self, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
-    ) -> str:
-        if credentials is None:
-            raise HTTPException(
-                401,
-                "a bearer token is required (Authorization: Bearer <token>)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        try:
-            async with asyncio.timeout(AUTH_TIMEOUT_SECONDS):
-                user = await self._auth.authenticate(credentials.credentials)
-        except Exception as exc:
-            # Only the class: an authenticator's message could quote its request (the token).
-            log.warning("REST API: cannot check a bearer token now (%s)", type(exc).__name__)
-            raise HTTPException(
-                503,
-                "the token cannot be checked now; try again later",
-                headers={"Retry-After": "5"},
-            ) from None
-        if user is None:
-            raise HTTPException(
-                401,
-                "the token was refused",
-                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
-            )
-        return user
-
-
 _ERROR_RESPONSE: dict[str, Any] = {"model": ErrorBody}
 _AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {**_ERROR_RESPONSE, "description": "No bearer token, or the token was refused."},
+    403: {
+        **_ERROR_RESPONSE,
+        "description": "The token's identity may not read this (RBAC, group vk-provider.io).",
+    },
     503: {**_ERROR_RESPONSE, "description": "The token cannot be checked now; retry."},
     500: {**_ERROR_RESPONSE, "description": "Internal error (details only in the agent's log)."},
 }
@@ -236,7 +150,9 @@ def build_app(
         docs_url=None,
         redoc_url=None,
     )
-    authenticated = [Depends(_TokenCheck(auth))]
+
+    def may(attributes: RequestAttributes) -> list[Any]:
+        return [Depends(access(auth, attributes))]
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -255,7 +171,7 @@ def build_app(
     @app.get(
         "/v1/providers",
         response_model=list[ProviderSummary],
-        dependencies=authenticated,
+        dependencies=may(resource("providers", "list")),
         responses=_AUTH_RESPONSES,
         tags=["providers"],
         summary="Every provider: health, circuit breaker, capacity, pods, $/hour",
@@ -266,7 +182,7 @@ def build_app(
     @app.get(
         "/v1/providers/{name}",
         response_model=ProviderDetail,
-        dependencies=authenticated,
+        dependencies=may(resource("providers", "get")),
         responses={
             **_AUTH_RESPONSES,
             **_INVALID_RESPONSE,
@@ -284,7 +200,7 @@ def build_app(
     @app.get(
         "/v1/offers",
         response_model=list[OfferOut],
-        dependencies=authenticated,
+        dependencies=may(resource("offers", "list")),
         responses={**_AUTH_RESPONSES, **_INVALID_RESPONSE},
         tags=["offers"],
         summary="Known offers, cheapest first, optionally filtered",
@@ -317,7 +233,7 @@ def build_app(
     @app.get(
         "/v1/pods",
         response_model=list[PodOut],
-        dependencies=authenticated,
+        dependencies=may(resource("pods", "list")),
         responses=_AUTH_RESPONSES,
         tags=["pods"],
         summary="Where each pod runs, since when, at what price",
@@ -328,7 +244,7 @@ def build_app(
     @app.get(
         "/v1/spend",
         response_model=SpendReport,
-        dependencies=authenticated,
+        dependencies=may(resource("spend", "get")),
         responses=_AUTH_RESPONSES,
         tags=["spend"],
         summary="Current $/hour and accumulated $ per provider and per namespace",
@@ -361,7 +277,7 @@ def build_app(
     @app.get(
         "/metrics",
         response_class=PlainTextResponse,
-        dependencies=[] if open_metrics else authenticated,
+        dependencies=[] if open_metrics else may(non_resource("/metrics")),
         responses={200: _TEXT_RESPONSE, **({} if open_metrics else _AUTH_RESPONSES)},
         tags=["health"],
         summary="Prometheus metrics (text exposition format 0.0.4)",

@@ -26,7 +26,8 @@ from vk_provider.api.authn import SubjectAccessReviewAuthorizer, TokenReviewAuth
 from vk_provider.api.kubelet import KubeletApiServer
 from vk_provider.api.metrics import Metrics
 from vk_provider.api.podlogs import PodLogSource
-from vk_provider.api.rest import RestAuth, RestServer, StaticTokenAuth, TokenReviewAuth, build_app
+from vk_provider.api.rest import RestServer, build_app
+from vk_provider.api.rest_auth import RestAuth, StaticTokenAuth, TokenReviewAuth
 from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certificate
 from vk_provider.api.view import AgentView, Readiness
 from vk_provider.controllers.guarded import GuardedProvider
@@ -124,6 +125,7 @@ class Agent:
             )
         in_cluster_ca = IN_CLUSTER_CA if IN_CLUSTER_CA.exists() else None  # noqa: ASYNC240 - once
         token_reviews = TokenReviewAuthenticator(kube)
+        authorizer = SubjectAccessReviewAuthorizer(kube)
         kubelet_api = KubeletApiServer(
             node_name=config.node.name,
             host=api_cfg.host,
@@ -132,7 +134,7 @@ class Agent:
                 cert, key, api_cfg.client_ca_file or in_cluster_ca
             ),
             authenticator=token_reviews,
-            authorizer=SubjectAccessReviewAuthorizer(kube),
+            authorizer=authorizer,
             logs=PodLogSource(kube, providers, node_name=config.node.name),
         )
         ledger = BudgetLedger(config.budget.caps)
@@ -209,7 +211,7 @@ class Agent:
         auth: RestAuth = (
             StaticTokenAuth(rest_cfg.static_token.resolve())
             if rest_cfg.static_token
-            else TokenReviewAuth(token_reviews)
+            else TokenReviewAuth(token_reviews, authorizer)
         )
         rest_api = RestServer(
             app=build_app(
