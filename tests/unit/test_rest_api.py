@@ -172,6 +172,7 @@ class Knobs:
 
     readiness: Readiness = field(default_factory=lambda: Readiness(ready=True, reasons=()))
     placements_error: Exception | None = None
+    overdue: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -241,6 +242,7 @@ async def build_world() -> World:
         ledger=ledger,
         placements=placements,
         readiness=lambda: knobs.readiness,
+        overdue=lambda: knobs.overdue,
         clock=clock,
     )
     metrics.attach(view)
@@ -533,6 +535,7 @@ async def test_providers_lists_each_provider_in_its_breaker_state(
         "gpus_available": 8 * 1 + 1 * 4,
         "running_pods": 2,
         "spend_per_hour": pytest.approx(19.92 + 1.39),
+        "terminations_overdue": 0,
     }
     assert beta["breaker_state"] == "half-open"
     assert beta["healthy"] is False
@@ -922,3 +925,18 @@ async def test_rest_server_stop_is_bounded_with_a_request_in_flight(world: World
         assert loop.time() - started < 3
         request.cancel()
         await asyncio.gather(request, return_exceptions=True)
+
+
+async def test_overdue_terminations_are_counted_per_provider(
+    world: World, client: httpx.AsyncClient
+) -> None:
+    world.knobs.overdue = [("alpha", "i-1"), ("alpha", "i-2"), ("beta", "i-3")]
+    providers = {p["name"]: p for p in (await client.get("/v1/providers", headers=AUTH)).json()}
+    assert {n: p["terminations_overdue"] for n, p in providers.items()} == {
+        "alpha": 2,
+        "beta": 1,
+        "gamma": 0,
+    }
+    text = (await client.get("/metrics")).text
+    assert 'vk_provider_terminations_overdue{provider="alpha"} 2.0' in text
+    assert 'vk_provider_terminations_overdue{provider="gamma"} 0.0' in text

@@ -125,14 +125,21 @@ class _StateCollector(Collector):
             "Whether the provider answers (1) or not (0).",
             labels=["provider"],
         )
+        overdue = GaugeMetricFamily(
+            f"{PREFIX}_terminations_overdue",
+            "Instances asked to terminate past the deadline that the provider still lists.",
+            labels=["provider"],
+        )
         for status in self._view.providers():
             for state in ("closed", "open", "half-open"):
                 breaker.add_metric(
                     [status.name, state], 1.0 if status.breaker_state == state else 0.0
                 )
             healthy.add_metric([status.name], 1.0 if status.healthy else 0.0)
+            overdue.add_metric([status.name], status.terminations_overdue)
         yield breaker
         yield healthy
+        yield overdue
 
         offers = GaugeMetricFamily(
             f"{PREFIX}_offers",

@@ -102,6 +102,7 @@ _PROVIDER_EXAMPLE: dict[str, Any] = {
     "gpus_available": 20,
     "running_pods": 2,
     "spend_per_hour": 5.38,
+    "terminations_overdue": 0,
 }
 
 
@@ -127,6 +128,10 @@ class ProviderSummary(_Model):
     gpus_available: int = Field(description="GPUs the provider could start now (sum of offers).")
     running_pods: int = Field(description="Pods placed on this provider.")
     spend_per_hour: float = Field(description="Cost of this provider's running instances ($/hour).")
+    terminations_overdue: int = Field(
+        description="Instances asked to terminate longer ago than the termination deadline "
+        "that the provider still lists: reconciliation asks again; they may still bill."
+    )
 
     @classmethod
     def of(cls, status: ProviderStatus) -> ProviderSummary:
@@ -161,6 +166,7 @@ def _summary_fields(status: ProviderStatus) -> dict[str, Any]:
         "gpus_available": status.gpus_available,
         "running_pods": status.running_pods,
         "spend_per_hour": status.spend_per_hour,
+        "terminations_overdue": status.terminations_overdue,
     }
 
 

@@ -8,7 +8,7 @@ the agent and never see a credential: nothing here holds configuration secrets.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vk_provider.controllers.guarded import GuardedProvider
@@ -32,6 +32,7 @@ class ProviderStatus:
     gpus_available: int
     running_pods: int
     spend_per_hour: float
+    terminations_overdue: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class AgentView:
         ledger: BudgetLedger,
         placements: Callable[[], list[PodPlacement]],
         readiness: Callable[[], Readiness],
+        overdue: Callable[[], Sequence[tuple[str, str]]] = tuple,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._providers = dict(providers)
@@ -66,6 +68,7 @@ class AgentView:
         self._ledger = ledger
         self._placements = placements
         self._readiness = readiness
+        self._overdue = overdue  # (provider, instance id) of terminations not yet confirmed
         self._clock = clock
 
     def provider_names(self) -> list[str]:
@@ -96,6 +99,7 @@ class AgentView:
             spend_per_hour=sum(
                 v for (prov, _ns), v in self._ledger.current_per_hour().items() if prov == name
             ),
+            terminations_overdue=sum(1 for prov, _ in self._overdue() if prov == name),
         )
 
     def providers(self) -> list[ProviderStatus]:

@@ -205,6 +205,7 @@ class Agent:
             ledger=ledger,
             placements=pods.placements,
             readiness=readiness,
+            overdue=lambda: reconciler.overdue,
         )
         metrics.attach(view)
         rest_cfg = config.rest
