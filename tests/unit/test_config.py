@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -139,6 +140,7 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "KEY": "rp-key-value"},
     )
     assert ok.returncode == 0, ok.stderr
     assert "valid" in ok.stdout
@@ -153,3 +155,79 @@ def test_check_config_cli_exit_codes(tmp_path: Path) -> None:
     assert "literal" not in refused.stderr
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vk_provider", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "KEY"} | (env or {}),
+    )
+
+
+def test_check_config_runs_the_checks_run_does_before_the_cluster(tmp_path: Path) -> None:
+    """A missing credential, a local provider not enabled, unreadable TLS files: run would
+    stop on each before it talks to a cluster, so check-config reports each, naming it."""
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "providers": [
+                    RUNPOD,
+                    {"type": "local", "name": "dev", "offers": [{"sku": "a", "price_per_hour": 1}]},
+                ],
+                "kubelet_api": {"tls_cert_file": "/nope/cert.pem", "tls_key_file": "/nope/k"},
+                "rest": {"static_token": "env:VK_NO_SUCH_TOKEN"},
+            }
+        )
+    )
+    checked = _cli("check-config", str(config), "--state-dir", str(tmp_path / "state"))
+    assert checked.returncode == 2, checked.stdout
+    lines = checked.stderr.splitlines()
+    expected = [
+        "providers[0] (rp, type runpod): credential env:KEY: environment variable is not set",
+        "providers[1] (dev, type local):",
+        "kubelet_api.tls_cert_file: cannot read /nope/cert.pem",
+        "rest.static_token: credential env:VK_NO_SUCH_TOKEN: environment variable is not set",
+    ]
+    for start in expected:
+        assert any(line.startswith(start) for line in lines), (start, lines)
+    assert "enabled: true" in checked.stderr
+    # `run` refuses with the same lines, exit 2, and never reaches for a cluster.
+    ran = _cli(
+        "run",
+        "--config",
+        str(config),
+        "--kubeconfig",
+        str(tmp_path / "no-such-kubeconfig"),
+        "--state-dir",
+        str(tmp_path / "state"),
+    )
+    assert ran.returncode == 2, ran.stderr
+    for start in expected:
+        assert any(line.startswith(start) for line in ran.stderr.splitlines()), start
+    assert "kubeconfig" not in ran.stderr
+
+
+@pytest.mark.parametrize(
+    ("provider", "field"),
+    [
+        ({**RUNPOD, "name": "RunPod"}, "providers[0].name"),
+        ({**RUNPOD, "name": "run_pod"}, "providers[0].name"),
+        ({**RUNPOD, "name": "-rp"}, "providers[0].name"),
+        ({**RUNPOD, "max_price_per_hour": float("inf")}, "providers[0].max_price_per_hour"),
+        ({**RUNPOD, "max_price_per_hour": float("nan")}, "providers[0].max_price_per_hour"),
+    ],
+)
+def test_names_are_dns_labels_and_numbers_finite(provider: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(_base(**provider))
+    assert any(line.startswith(f"{field}:") for line in str(raised.value).splitlines())
+
+
+def test_an_infinite_budget_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"budget\.global_per_hour"):
+        parse_config({"providers": [RUNPOD], "budget": {"global_per_hour": float("inf")}})

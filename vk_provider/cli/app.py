@@ -50,14 +50,15 @@ app = typer.Typer(
 cluster_app = typer.Typer(help="A real local Kubernetes control plane.", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 
-console = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
+# No emoji: a message like "credential env:KEY:" must not turn into a picture of a key.
+console = Console(stderr=True, soft_wrap=True, emoji=False)
+out = Console(soft_wrap=True, emoji=False)
 
 NAME_OPTION = typer.Option("vk-dev", "--name", help="Cluster name; clusters run side by side.")
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 
@@ -202,6 +203,8 @@ def run(
         asyncio.run(
             run_agent(settings, registry=registry, kubeconfig=kubeconfig, state_dir=state_dir)
         )
+    except ConfigError as exc:  # what check-config reports, found before the cluster is asked
+        raise _fail(f"invalid configuration:\n{exc}", code=2) from exc
     except AgentFailed as exc:
         raise _fail(str(exc)) from exc
     except Exception as exc:
@@ -209,10 +212,23 @@ def run(
 
 
 @app.command("check-config")
-def check_config(path: Path = typer.Argument(..., help="Configuration file to validate.")) -> None:
-    """Validate a configuration file; every error names the field and why (exit 2 if invalid)."""
+def check_config(
+    path: Path = typer.Argument(..., help="Configuration file to validate."),
+    state_dir: Path | None = typer.Option(
+        None, "--state-dir", help="The state directory `run` would use (for local providers)."
+    ),
+) -> None:
+    """Validate a configuration as `run` would before it talks to a cluster: the file, every
+    provider built with its credentials, TLS files and tokens read. Every error names the
+    field and why (exit 2 if invalid)."""
+    from vk_provider.runtime.agent import default_state_dir
+    from vk_provider.runtime.preflight import preflight
+
     try:
-        settings = Registry.default().load_config(path)
+        registry = Registry.default()
+        settings = registry.load_config(path)
+        state = state_dir or default_state_dir(settings)
+        asyncio.run(preflight(settings, registry, state_dir=state))
     except ConfigError as exc:
         raise _fail(f"{path} is invalid:\n{exc}", code=2) from exc
     names = ", ".join(f"{p.name} ({p.type})" for p in settings.providers)

@@ -44,6 +44,7 @@ from vk_provider.domain.placement import ProviderHealth
 from vk_provider.domain.reconcile import TerminationPolicy
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
+from vk_provider.runtime.preflight import checked_providers, close_all
 from vk_provider.runtime.registry import Registry
 from vk_provider.runtime.supervisor import SHUTDOWN_SECONDS, supervise
 from vk_provider.settings.agent import AgentConfig
@@ -104,15 +105,16 @@ class Agent:
         config: AgentConfig,
         kube: KubeClient,
         *,
-        registry: Registry,
-        state_dir: Path | None = None,
+        providers: Mapping[str, Provider],
+        state_dir: Path,
     ) -> Agent:
-        state = state_dir or state_root() / "agent" / config.node.name
+        """Wire the parts around ``providers`` (built by ``preflight.build_providers``)."""
+        state = state_dir
         intervals = config.intervals
         metrics = Metrics()
-        guarded = guard(registry.build_all(config, state_dir=state), config, metrics)
-        providers: dict[str, Provider] = dict(guarded)
-        offers = OfferBook(providers, ttl_seconds=intervals.offers_ttl_seconds)
+        guarded = guard(providers, config, metrics)
+        calls: dict[str, Provider] = dict(guarded)  # every call through its breaker
+        offers = OfferBook(calls, ttl_seconds=intervals.offers_ttl_seconds)
         api_cfg = config.kubelet_api
         address = config.node.address or (
             api_cfg.host if api_cfg.host not in ("0.0.0.0", "::", "") else default_address()  # noqa: S104
@@ -135,11 +137,11 @@ class Agent:
             ),
             authenticator=token_reviews,
             authorizer=authorizer,
-            logs=PodLogSource(kube, providers, node_name=config.node.name),
+            logs=PodLogSource(kube, calls, node_name=config.node.name),
         )
         ledger = BudgetLedger(config.budget.caps)
         launcher = Launcher(
-            providers,
+            calls,
             ledger,
             settings=config.placement,
             health=lambda: health_of(guarded),
@@ -150,7 +152,7 @@ class Agent:
             kube,
             node_name=config.node.name,
             host_ip=address,
-            providers=providers,
+            providers=calls,
             offers=offers,
             recorder=EventRecorder(kube, node_name=config.node.name),
             launcher=launcher,
@@ -170,7 +172,7 @@ class Agent:
             store=store,
             watch=watch,
             pods=pods,
-            providers=providers,
+            providers=calls,
             interval=intervals.pod_status_seconds,
             grace=intervals.orphan_grace_seconds,
             policy=TerminationPolicy(deadline=intervals.termination_deadline_seconds),
@@ -224,7 +226,7 @@ class Agent:
         return cls(
             config,
             kube,
-            providers,
+            calls,
             offers,
             node,
             watch,
@@ -274,17 +276,31 @@ class Agent:
                     await provider.close()
 
 
+def default_state_dir(config: AgentConfig) -> Path:
+    return state_root() / "agent" / config.node.name
+
+
 async def run_agent(
     config: AgentConfig, *, registry: Registry, kubeconfig: Path | None, state_dir: Path | None
 ) -> None:
-    """Entry point of `vk-provider run`: SIGTERM/SIGINT stop cleanly."""
+    """Entry point of `vk-provider run`: SIGTERM/SIGINT stop cleanly.
+
+    Raises ``ConfigError`` (exit 2) for everything `check-config` reports, before the
+    cluster is contacted.
+    """
+    state = state_dir or default_state_dir(config)
+    providers = await checked_providers(config, registry, state_dir=state)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    kube = await KubeClient.connect(kubeconfig)
     try:
-        agent = await Agent.create(config, kube, registry=registry, state_dir=state_dir)
+        kube = await KubeClient.connect(kubeconfig)
+    except BaseException:
+        await close_all(providers)
+        raise
+    try:
+        agent = await Agent.create(config, kube, providers=providers, state_dir=state)
         await agent.run(stop)
     finally:
         await kube.close()

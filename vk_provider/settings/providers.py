@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,9 @@ from pydantic import Field, field_validator
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.secrets import Strict
 
-_PROVIDER_NAME_MAX = 63
+# Provider names appear in pod annotations, metric labels and instance names/tags at the
+# providers: a DNS label (RFC 1123) fits everywhere.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class ProviderSettings(Strict):
@@ -41,8 +44,11 @@ class ProviderSettings(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not value or len(value) > _PROVIDER_NAME_MAX:
-            raise ValueError(f"must be 1 to {_PROVIDER_NAME_MAX} characters")
+        if not _DNS_LABEL.fullmatch(value):
+            raise ValueError(
+                "must be a DNS label: 1-63 lowercase letters, digits and '-', "
+                "starting and ending with a letter or digit"
+            )
         return value
 
 

@@ -21,9 +21,10 @@ class ConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    """Unknown keys are errors; instances are frozen."""
+    """Unknown keys are errors; numbers are finite (``.inf`` and ``.nan`` are refused);
+    instances are frozen."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SecretRef(Strict):
