@@ -34,23 +34,17 @@ def _kubectl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def deployed_rbac(control_plane: LocalCluster) -> Iterator[None]:
+    """deploy/ applied once for this module's tests (a namespace being deleted between two
+    tests would refuse the second apply)."""
     files = ["-f", str(DEPLOY / "namespace.yaml"), "-f", str(DEPLOY / "rbac.yaml")]
     applied = _kubectl(control_plane.kubeconfig, "apply", *files)
     assert applied.returncode == 0, applied.stderr
     try:
         yield
     finally:
-        # Waited for: the next test applying these files must not meet a terminating namespace.
-        _kubectl(
-            control_plane.kubeconfig,
-            "delete",
-            "--wait=true",
-            "--timeout=90s",
-            "--ignore-not-found",
-            *files,
-        )
+        _kubectl(control_plane.kubeconfig, "delete", "--wait=false", "--ignore-not-found", *files)
 
 
 async def test_agent_runs_with_only_the_deployed_rbac(

@@ -247,8 +247,9 @@ def demo(
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    # Ctrl-C, a kill, or the terminal going away: everything the demo started is stopped.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     try:
         run_demo(name=name, binaries=obtain_binaries(), stop=stop, console=console, out=out)
     except (ClusterError, RuntimeError) as exc:

@@ -12,12 +12,14 @@ and the cluster. Invariant: every process it started is stopped before it return
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from providers.local.config import LocalProviderConfig
 from vk_provider.cluster.binaries import Binaries
 from vk_provider.cluster.cluster import LocalCluster, free_ports, port_is_free
 from vk_provider.runtime.registry import Registry
+from vk_provider.settings.paths import state_root
 
 NODE_NAME = "vk-gpu"
 DEFAULT_REST_PORT = 8080
@@ -196,14 +199,32 @@ def _stop_local_instances(config_path: Path) -> None:
     asyncio.run(stop_all())
 
 
+def agent_log_path(name: str) -> Path:
+    """Where the demo's agent logs: outside the cluster's directory, so it outlives ``down``."""
+    return state_root() / "demo" / name / "agent.log"
+
+
+def _quietly(console: Console) -> Callable[[str], None]:
+    """Print, but never fail: the terminal may be gone (SIGHUP) or the pipe closed (a `tee`
+    killed by the same Ctrl-C). Cleanup must not stop at its first line of output."""
+
+    def say(message: str) -> None:
+        # rich turns a broken pipe into SystemExit(1): that too must not end the cleanup.
+        with contextlib.suppress(OSError, ValueError, SystemExit):
+            console.print(message, highlight=False)
+
+    return say
+
+
 def run_demo(
     *, name: str, binaries: Binaries, stop: threading.Event, console: Console, out: Console
 ) -> None:
     cluster = LocalCluster(name)
     agent: subprocess.Popen[bytes] | None = None
     config_path = cluster.directory / "demo-agent.yaml"
+    say = _quietly(console)
     try:
-        kubeconfig = cluster.up(binaries, say=lambda m: console.print(f"  {m}"))
+        kubeconfig = cluster.up(binaries, say=lambda m: say(f"  {m}"))
         state_dir = cluster.directory / "agent"
         kubelet_port, spare = free_ports(2)
         # The CLI's default REST address is :8080; use it when it is free.
@@ -220,8 +241,9 @@ def run_demo(
             client_ca=cluster.pki.ca.cert,
         )
         config_path.write_text(yaml.safe_dump(config))
-        log_path = cluster.directory / "logs" / "agent.log"
-        console.print(f"  starting the agent (log: {log_path})")
+        log_path = agent_log_path(name)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        say(f"  starting the agent (log: {log_path})")
         with log_path.open("ab") as log_file:
             agent = subprocess.Popen(
                 [
@@ -253,6 +275,8 @@ def run_demo(
         out.print(f"  providers    {', '.join(p['name'] for p in SIMULATED_PROVIDERS)} (simulated)")
         out.print(f"  agent log    {log_path}")
         out.print("\nLook at it from another terminal:", highlight=False)
+        # kubectl and vk-provider live in the demo's virtualenv: put it on the PATH first.
+        out.print(f"  export PATH={Path(sys.executable).parent}:$PATH", highlight=False)
         out.print(f"  export KUBECONFIG={kubeconfig}", highlight=False)
         out.print("  kubectl get nodes -o wide", highlight=False)
         out.print("  kubectl get pods -o wide -L vk-provider.io/provider", highlight=False)
@@ -279,10 +303,12 @@ def run_demo(
         out.print("\nPress Ctrl-C to stop everything.")
         while not stop.is_set():
             if agent.poll() is not None:
-                raise RuntimeError(f"the agent exited with code {agent.returncode}; see {log_path}")
+                raise RuntimeError(
+                    f"the agent exited with code {agent.returncode}; its log is kept at {log_path}"
+                )
             stop.wait(1.0)
     finally:
-        console.print("\nstopping the demo")
+        say("\nstopping the demo")
         if agent is not None and agent.poll() is None:
             agent.terminate()
             try:
@@ -291,5 +317,6 @@ def run_demo(
                 agent.kill()
                 agent.wait()
         if config_path.exists():
-            _stop_local_instances(config_path)
-        cluster.down(say=lambda m: console.print(f"  {m}"))
+            with contextlib.suppress(Exception):  # the cluster must go down regardless
+                _stop_local_instances(config_path)
+        cluster.down(say=lambda m: say(f"  {m}"))
