@@ -1,29 +1,26 @@
-"""What every HTTP/SDK adapter's transport shares: the retry policy, Retry-After parsing, the
-tenacity loop, redaction.
+"""What every HTTP/SDK adapter's transport shares: the retry policy, Retry-After parsing,
+redaction.
 
 The adapters (``runpod``, ``kubernetes``, ``lambda_cloud``, ``modal``) each classify their own
 failures and decide which calls are safe to repeat; what they have in common lives here, so a
 fix to how retries wait or how secrets are scrubbed is made once. Provider-specific choices are
-parameters, not copies:
+values, not copies: there is one ``RetryPolicy`` class, and an adapter whose limits differ
+passes its own values (``kubernetes.adapter.DEFAULT_RETRY``, ``modal.adapter.DEFAULT_RETRY``).
+The HTTP adapters reach it through ``providers.http.JsonApi``.
 
-- ``RetryPolicy`` holds the limits (attempts, backoff, the longest ``Retry-After`` worth
-  waiting for, the sleep). Its defaults are RunPod's; an adapter with other defaults
-  subclasses it to change them (``kubernetes.RetryPolicy``) or builds one from its own
-  spelling of the limits (``lambda_cloud.RetryPolicy.with_sleep``).
+- ``RetryPolicy`` holds the limits (attempts, backoff, jitter, the longest ``Retry-After``
+  worth waiting for, the sleep). Its defaults are RunPod's.
 - ``RetryPolicy.run`` retries ``domain.errors`` by default (``Transient``, and
-  ``RateLimited`` whose ``Retry-After`` is short); an adapter that retries before it
-  classifies passes its own ``retry`` predicate and says where an error carries its
-  ``Retry-After`` (``retry_after``).
-- ``retrying`` is the bare tenacity loop, for an adapter whose waits are a tenacity strategy
-  of its own (``modal``).
+  ``RateLimited`` whose ``Retry-After`` is short); an adapter that retries fewer calls (a
+  create that may have reached the provider) passes its own ``retry`` predicate.
 
 Invariants:
 
 - A call is tried ``attempts`` times at the most and at least once (``attempts`` counts the
   first try; anything below 1 means 1). The last error is raised as it is — never a tenacity
   ``RetryError`` — so only the adapter's own errors leave the loop.
-- Under a ``RetryPolicy``, backoff doubles from ``backoff_seconds`` and never exceeds
-  ``max_backoff_seconds``. A server's ``Retry-After`` replaces the backoff, but is waited for
+- Backoff doubles from ``backoff_seconds``, never exceeds ``max_backoff_seconds`` and adds at
+  most ``jitter_seconds``. A server's ``Retry-After`` replaces the backoff, but is waited for
   only when it is at most ``max_retry_after_seconds``: a longer one makes ``should_retry`` (and
   ``waits_for``) refuse, so the ``RateLimited`` goes to the caller, whose queue schedules the
   pause, instead of a coroutine holding a worker. No wait for a ``Retry-After`` is longer
@@ -31,9 +28,9 @@ Invariants:
 - ``parse_retry_after`` never raises and never returns a negative or non-finite number.
 - ``Redactor`` replaces every non-empty secret with ``<redacted>``, in the order given, and
   changes nothing else; it logs nothing. (Its ``repr`` shows the secrets: never log it.)
-- Nothing here does I/O of its own: time passes only through the ``sleep`` given (tenacity's
-  own when ``retrying`` gets none), and the only log line is the one ``log_retries`` writes
-  (the error's message, already redacted by the adapter that built it).
+- Nothing here does I/O of its own: time passes only through the policy's ``sleep``, and the
+  only log line is the one ``log_retries`` writes (the error's message, already redacted by
+  the adapter that built it).
 """
 
 from __future__ import annotations
@@ -41,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -112,35 +110,6 @@ def log_retries(logger: logging.Logger, provider: str) -> Callable[[RetryCallSta
     return before_sleep
 
 
-async def retrying(
-    call: Callable[[], Awaitable[T]],
-    *,
-    attempts: int,
-    retry: Callable[[BaseException], bool],
-    wait: Callable[[RetryCallState], float],
-    sleep: Sleep | None = None,
-    before_sleep: Callable[[RetryCallState], None] | None = None,
-) -> T:
-    """``call()`` until it returns, fails with an error ``retry`` declines, or ``attempts``
-    tries are spent; the last error is raised as it is.
-
-    ``wait`` is a tenacity wait strategy; ``sleep`` None keeps tenacity's own.
-    """
-    loop = AsyncRetrying(
-        stop=stop_after_attempt(max(1, attempts)),
-        wait=wait,
-        retry=retry_if_exception(retry),
-        before_sleep=before_sleep,
-        reraise=True,
-    )
-    if sleep is not None:
-        loop = loop.copy(sleep=sleep)
-    async for attempt in loop:
-        with attempt:
-            return await call()
-    raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
-
-
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How a transport retries ``Transient`` and ``RateLimited`` failures.
@@ -155,12 +124,16 @@ class RetryPolicy:
     backoff_seconds: float = 0.5
     max_backoff_seconds: float = 4.0
     max_retry_after_seconds: float = 5.0
+    jitter_seconds: float = 0.0
     sleep: Sleep = field(default=_sleep, repr=False)
 
     def backoff(self, attempt: int) -> float:
         """The backoff after failed attempt number ``attempt`` (1-based), ignoring any
-        ``Retry-After``."""
-        return min(self.max_backoff_seconds, self.backoff_seconds * 2.0 ** (attempt - 1))
+        ``Retry-After``; up to ``jitter_seconds`` are added at random."""
+        base = min(self.max_backoff_seconds, self.backoff_seconds * 2.0 ** (attempt - 1))
+        if self.jitter_seconds > 0:
+            base += random.uniform(0, self.jitter_seconds)  # noqa: S311 - spreading retries
+        return base
 
     def waits_for(self, retry_after: float | None) -> bool:
         """Whether a server's ``Retry-After`` (None: it gave none) is short enough to wait
@@ -188,24 +161,26 @@ class RetryPolicy:
         call: Callable[[], Awaitable[T]],
         *,
         retry: Callable[[BaseException], bool] | None = None,
-        retry_after: Callable[[BaseException | None], float | None] = rate_limit_retry_after,
         before_sleep: Callable[[RetryCallState], None] | None = None,
     ) -> T:
         """``call()`` under this policy. ``retry`` decides which errors are tried again
-        (default ``should_retry``); ``retry_after`` reads the server's ``Retry-After`` from an
-        error (default: a ``RateLimited``'s)."""
+        (default ``should_retry``); a ``RateLimited``'s ``retry_after`` sets the pause."""
 
         def wait(state: RetryCallState) -> float:
-            return self.pause(retry_after(failure_of(state)), state.attempt_number)
+            return self.wait_seconds(failure_of(state), state.attempt_number)
 
-        return await retrying(
-            call,
-            attempts=self.attempts,
-            retry=self.should_retry if retry is None else retry,
+        loop = AsyncRetrying(
+            stop=stop_after_attempt(max(1, self.attempts)),
             wait=wait,
-            sleep=self.sleep,
+            retry=retry_if_exception(self.should_retry if retry is None else retry),
             before_sleep=before_sleep,
+            reraise=True,
+            sleep=self.sleep,
         )
+        async for attempt in loop:
+            with attempt:
+                return await call()
+        raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
 
 
 # --- redaction ----------------------------------------------------------------------------

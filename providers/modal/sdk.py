@@ -1,4 +1,4 @@
-"""``providers.modal.adapter.SandboxClient`` on the real ``modal`` SDK (``modal>=1.4.3``).
+"""``providers.modal.sandbox.SandboxClient`` on the real ``modal`` SDK (``modal>=1.4.3``).
 
 This is the only module that imports ``modal``, and ``ModalProvider`` imports it
 only when a Modal provider is configured without an injected client. ``modal`` is loaded when a
@@ -33,8 +33,8 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Final
 
-from providers.modal.adapter import SandboxInfo, SandboxNameTaken, SandboxRequest
 from providers.modal.config import ModalProviderConfig
+from providers.modal.sandbox import SandboxInfo, SandboxNameTaken, SandboxRequest
 from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,

@@ -33,8 +33,9 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from providers.runpod.adapter import RetryPolicy, RunPodProvider
+from providers.runpod.adapter import RunPodProvider
 from providers.runpod.config import RunPodProviderConfig
+from providers.transport import RetryPolicy
 from tests.contract.harness import FailureKind
 from tests.fixtures import PROVIDER_APIS
 from vk_provider.domain.contract import Provider

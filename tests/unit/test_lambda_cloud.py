@@ -22,22 +22,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.lambda_cloud.adapter import (
-    LAUNCH_VISIBILITY_SECONDS,
+from providers.lambda_cloud.adapter import LAUNCH_VISIBILITY_SECONDS, LambdaCloudProvider
+from providers.lambda_cloud.envelope import classify_failure
+from providers.lambda_cloud.instances import (
     STATES,
     TAG_MANAGED,
     TAG_POD_UID,
     TAG_PROVIDER,
     TAG_REQUEST_ID,
-    LambdaCloudProvider,
-    RateLimiter,
-    RetryPolicy,
-    canonical_gpu,
-    classify_failure,
-    gpu_memory_gib,
-    parse_offers,
-    parse_retry_after,
 )
+from providers.lambda_cloud.offers import canonical_gpu, gpu_memory_gib, parse_offers
+from providers.lambda_cloud.ratelimit import RateLimiter
+from providers.transport import RetryPolicy, parse_retry_after
 from tests.contract.harness_lambda import (
     API_KEY,
     FAILURES,
@@ -558,7 +554,9 @@ def flaky_provider(
         transport=transport,
         clock=clock,
         sleep=clock.sleep,
-        retry=RetryPolicy(attempts=3, first_wait=0.5, max_wait=2.0),
+        retry=RetryPolicy(
+            attempts=3, backoff_seconds=0.5, max_backoff_seconds=2.0, max_retry_after_seconds=30.0
+        ),
     )
 
 

@@ -8,6 +8,7 @@ No test needs the ``modal`` package: ``ModalProvider`` runs on ``FakeSandboxClie
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -17,23 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tenacity import wait_none
 
-from providers.modal.adapter import (
+from providers.modal.adapter import DEFAULT_RETRY, ModalProvider
+from providers.modal.catalogue import modal_gpu_string, offer_sku
+from providers.modal.config import ModalProviderConfig
+from providers.modal.identity import (
     ATTEMPT_TAG,
     MANAGED_BY_TAG,
     POD_UID_TAG,
     TERMINATE_TAG,
-    ModalProvider,
-    SandboxInfo,
-    SandboxNameTaken,
-    SandboxRequest,
-    modal_gpu_string,
-    offer_sku,
     sandbox_name,
     sandbox_state,
 )
-from providers.modal.config import ModalProviderConfig
+from providers.modal.sandbox import SandboxInfo, SandboxNameTaken, SandboxRequest
+from providers.transport import RetryPolicy
 from tests.unit.fake_modal import FakeSandboxClient
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
@@ -50,6 +48,8 @@ from vk_provider.settings.secrets import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-very-secret-value"
+# Retries at once: the tests count calls, not seconds.
+NO_WAIT = RetryPolicy(attempts=4, backoff_seconds=0.0, max_backoff_seconds=0.0)
 
 
 def make_config(**overrides: object) -> ModalProviderConfig:
@@ -90,7 +90,7 @@ def fake() -> FakeSandboxClient:
 
 @pytest.fixture
 def provider(fake: FakeSandboxClient) -> ModalProvider:
-    return ModalProvider(make_config(), client=fake, retry_wait=wait_none())
+    return ModalProvider(make_config(), client=fake, retry=NO_WAIT)
 
 
 async def offer_of(provider: ModalProvider, sku: str) -> Offer:
@@ -475,8 +475,7 @@ async def test_a_call_that_never_answers_is_transient(fake: FakeSandboxClient) -
     provider = ModalProvider(
         make_config(timeout_seconds=0.01),
         client=Hanging(),
-        retry_attempts=2,
-        retry_wait=wait_none(),
+        retry=dataclasses.replace(NO_WAIT, attempts=2),
     )
     with pytest.raises(Transient, match="no answer"):
         await provider.list_ours()
@@ -491,15 +490,8 @@ async def test_a_stray_exception_from_a_client_still_leaves_as_a_provider_error(
 
 
 def test_rate_limits_wait_as_long_as_asked() -> None:
-    from tenacity import RetryCallState, Retrying
-
-    from providers.modal.adapter import _default_wait
-
-    state = RetryCallState(Retrying(), None, (), {})
-    state.set_exception((RateLimited, RateLimited("x", retry_after=7.0), None))
-    assert _default_wait(state) == 7.0
-    state.set_exception((Transient, Transient("x"), None))
-    assert 0 <= _default_wait(state) <= 30
+    assert DEFAULT_RETRY.wait_seconds(RateLimited("x", retry_after=7.0), 1) == 7.0
+    assert 0 <= DEFAULT_RETRY.wait_seconds(Transient("x"), 1) <= 30
 
 
 # --- secrets ---------------------------------------------------------------------------------

@@ -20,28 +20,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.runpod.adapter import (
+from providers.runpod.adapter import RunPodProvider
+from providers.runpod.failures import Operation, classify_failure, error_detail
+from providers.runpod.gpus import canonical_gpu_name
+from providers.runpod.logs import SseDecoder
+from providers.runpod.offers import OfferScope, Sku, offers_query, parse_offers, stock_to_available
+from providers.runpod.pods import (
     ENV_POD_UID,
     ENV_REQUEST_ID,
     Lifecycle,
-    OfferScope,
-    Operation,
-    RetryPolicy,
-    RunPodProvider,
-    Sku,
-    SseDecoder,
     build_create_body,
-    canonical_gpu_name,
-    classify_failure,
-    error_detail,
     instance_state,
     lifecycle_of,
-    offers_query,
     owner_of,
-    parse_offers,
-    parse_retry_after,
-    stock_to_available,
 )
+from providers.transport import RetryPolicy, parse_retry_after
 from tests.contract.harness_runpod import (
     API_KEY,
     CAPACITY_MESSAGE,
@@ -192,7 +185,7 @@ def test_gpu_name_mapping_never_crashes(name: str) -> None:
     spot=st.booleans(),
 )
 def test_sku_round_trips(gpu: str, count: int, cloud: str, spot: bool) -> None:
-    from providers.runpod.adapter import CloudType
+    from providers.runpod.offers import CloudType
 
     sku = Sku(gpu, count, CloudType(cloud), spot)
     assert Sku.parse(sku.encode()) == sku
@@ -209,7 +202,7 @@ def test_foreign_skus_do_not_parse(text: str) -> None:
 
 
 def _scope(**fields: Any) -> OfferScope:
-    from providers.runpod.adapter import CloudType
+    from providers.runpod.offers import CloudType
 
     values: dict[str, Any] = {
         "provider": "rp",
@@ -314,7 +307,7 @@ def test_stock_status_maps_to_available(stock: str | None, available: int) -> No
 
 
 def test_the_query_asks_each_count_cloud_and_region_once() -> None:
-    from providers.runpod.adapter import CloudType
+    from providers.runpod.offers import CloudType
 
     query = offers_query(
         _scope(clouds=(CloudType.SECURE, CloudType.COMMUNITY), regions=("EU-RO-1", "US-TX-3"))
@@ -800,7 +793,7 @@ def test_state_table(
 
 @pytest.mark.parametrize("desired", [None, "PAUSED", 3])
 def test_an_unknown_desired_status_is_malformed(desired: object) -> None:
-    from providers.runpod.adapter import MalformedResponse
+    from providers.payload import MalformedResponse
 
     with pytest.raises(MalformedResponse, match="desiredStatus"):
         lifecycle_of({"desiredStatus": desired})
