@@ -89,9 +89,10 @@ class ErrorAnswer:
     def json(self) -> object | None:
         """The body as JSON; None when it is not JSON."""
         try:
-            return json.loads(self.content)
+            document: object = json.loads(self.content)
         except ValueError:
             return None
+        return document
 
     def retry_after(self, *, now: datetime | None = None) -> float | None:
         """The answer's ``Retry-After`` in seconds (``transport.parse_retry_after``)."""

@@ -74,7 +74,9 @@ def number(value: Mapping[str, object], key: str, where: str) -> float:
 
 def items(body: object, where: str) -> list[Mapping[str, object]]:
     """The objects of a list answer's ``items`` (Kubernetes lists); other entries skipped."""
-    found = array(field(obj(body, where), "items", where), f"{where}.items")
+    found = body.get("items") if isinstance(body, Mapping) else None
+    if not isinstance(found, list):
+        raise MalformedResponse(f"{where}: 'items' is missing or not a list")
     return [item for item in found if isinstance(item, Mapping)]
 
 

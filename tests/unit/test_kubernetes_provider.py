@@ -10,6 +10,7 @@ Retries never sleep: the ``RetryPolicy`` records the waits it would have made.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -29,43 +30,37 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from providers.kubernetes.adapter import (
+from providers.kubernetes.adapter import DEFAULT_RETRY, KubernetesProvider
+from providers.kubernetes.config import KubernetesProviderConfig
+from providers.kubernetes.failures import ApiFailure, Call, api_failure, classify_failure
+from providers.kubernetes.kubeconfig import KubeconfigError, load_kubeconfig
+from providers.kubernetes.logs import LineSplitter, log_params
+from providers.kubernetes.manifests import build_pod, build_secret
+from providers.kubernetes.names import (
     ANN_ATTEMPT,
     ANN_OFFER,
     ANN_POD_UID,
     ANN_PRICE,
-    GPU_RESOURCE,
     LABEL_ATTEMPT,
     LABEL_MANAGED_BY,
     LABEL_POD_UID,
+    label_value,
+    pod_name,
+)
+from providers.kubernetes.offers import (
+    GPU_RESOURCE,
     REGION_LABEL,
-    ApiFailure,
-    Call,
-    KubeconfigError,
-    KubernetesProvider,
-    LineSplitter,
-    MalformedResponse,
     NodeCapacity,
     OfferScope,
     Resources,
-    RetryPolicy,
     Shape,
-    api_failure,
-    build_pod,
-    build_secret,
-    classify_failure,
-    label_value,
-    log_params,
     node_capacities,
-    observe,
-    parse_instance,
-    parse_kubeconfig,
-    parse_quantity,
     plan_offers,
-    pod_name,
     pod_requests,
+    read_quantity,
 )
-from providers.kubernetes.config import KubernetesProviderConfig
+from providers.kubernetes.states import observe, parse_instance
+from providers.payload import MalformedResponse
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -380,7 +375,9 @@ async def provider(
     fake: FakeApi, sleeps: Sleeps, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[KubernetesProvider]:
     adapter = KubernetesProvider(
-        _config(monkeypatch), transport=fake.transport(), retry=RetryPolicy(sleep=sleeps)
+        _config(monkeypatch),
+        transport=fake.transport(),
+        retry=dataclasses.replace(DEFAULT_RETRY, sleep=sleeps),
     )
     try:
         yield adapter
@@ -437,10 +434,13 @@ def test_the_current_context_picks_server_ca_and_client_certificate(tmp_path: Pa
         {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)},
         cluster={"server": SERVER + "/", "certificate-authority-data": _b64(ca)},
     )
-    access = parse_kubeconfig(text)
+    access = load_kubeconfig(text)
     assert access.server == SERVER
     assert access.context == "b"
-    assert (access.ca_pem, access.client_cert_pem, access.client_key_pem) == (ca, cert, key)
+    # The loader's CA and client certificate are what the TLS context was built from.
+    assert [c["subject"] for c in access.ssl_context().get_ca_certs()] == [
+        ((("commonName", "test-ca"),),)
+    ]
     assert access.token is None
     assert access.headers() == {}
 
@@ -456,7 +456,7 @@ def test_the_ssl_context_loads_the_certificates_and_leaves_no_files(
         {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)},
         cluster={"server": SERVER, "certificate-authority-data": _b64(ca)},
     )
-    context = parse_kubeconfig(text).ssl_context()
+    context = load_kubeconfig(text).ssl_context()
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert context.check_hostname
     assert [c["subject"] for c in context.get_ca_certs()] == [((("commonName", "test-ca"),),)]
@@ -472,16 +472,18 @@ def test_file_paths_are_read_beside_the_kubeconfig(tmp_path: Path) -> None:
         {"client-certificate": "me.crt", "client-key": str(tmp_path / "me.key")},
         cluster={"server": SERVER, "certificate-authority": "ca.crt"},
     )
-    access = parse_kubeconfig(text, base_dir=tmp_path)
-    assert (access.ca_pem, access.client_cert_pem, access.client_key_pem) == (ca, cert, key)
+    access = load_kubeconfig(text, base_dir=tmp_path)
+    assert [c["subject"] for c in access.ssl_context().get_ca_certs()] == [
+        ((("commonName", "test-ca"),),)
+    ]
 
 
 def test_a_token_or_token_file_is_a_bearer_header(tmp_path: Path) -> None:
-    access = parse_kubeconfig(_kubeconfig({"token": TOKEN}))
+    access = load_kubeconfig(_kubeconfig({"token": TOKEN}))
     assert access.headers() == {"Authorization": f"Bearer {TOKEN}"}
     assert TOKEN not in repr(access)
     (tmp_path / "token").write_text(TOKEN + "\n")
-    from_file = parse_kubeconfig(_kubeconfig({"tokenFile": "token"}), base_dir=tmp_path)
+    from_file = load_kubeconfig(_kubeconfig({"tokenFile": "token"}), base_dir=tmp_path)
     assert from_file.token == TOKEN
 
 
@@ -489,12 +491,12 @@ def test_insecure_skip_tls_verify_turns_verification_off() -> None:
     text = _kubeconfig(
         {"token": TOKEN}, cluster={"server": SERVER, "insecure-skip-tls-verify": True}
     )
-    context = parse_kubeconfig(text).ssl_context()
+    context = load_kubeconfig(text).ssl_context()
     assert context.verify_mode == ssl.CERT_NONE
 
 
 def test_another_context_can_be_chosen() -> None:
-    assert parse_kubeconfig(_kubeconfig({"token": TOKEN}), context="other").token == "not-this-one"
+    assert load_kubeconfig(_kubeconfig({"token": TOKEN}), context="other").token == "not-this-one"
 
 
 @pytest.mark.parametrize(
@@ -503,7 +505,7 @@ def test_another_context_can_be_chosen() -> None:
         ({"exec": {"command": "aws"}}, {}, "users['me'].exec is not supported"),
         ({"auth-provider": {"name": "gcp"}}, {}, "auth-provider is not supported"),
         ({"client-certificate-data": _b64(b"x")}, {}, "needs both a client certificate"),
-        ({"client-key-data": "%%%"}, {}, "client-key-data is not base64"),
+        ({"client-key-data": _b64(b"k")}, {}, "needs both a client certificate"),
         ({"token": TOKEN}, {"current-context": "nowhere"}, "no entry 'nowhere' in 'contexts'"),
         ({"token": TOKEN}, {"current-context": None}, "'current-context' is not set"),
         ({"client-certificate": "/nonexistent/me.crt"}, {}, "cannot read /nonexistent/me.crt"),
@@ -511,18 +513,18 @@ def test_another_context_can_be_chosen() -> None:
 )
 def test_unusable_kubeconfigs_name_the_field(user: JSON, extra: JSON, expected: str) -> None:
     with pytest.raises(KubeconfigError, match=re.escape(expected)) as raised:
-        parse_kubeconfig(_kubeconfig(user, extra=extra))
+        load_kubeconfig(_kubeconfig(user, extra=extra))
     assert isinstance(raised.value, ConfigError)
 
 
 def test_kubeconfig_errors_never_quote_the_document() -> None:
     broken = f"users:\n- name: me\n  user: {{token: {TOKEN}\n"
     with pytest.raises(KubeconfigError) as raised:
-        parse_kubeconfig(broken)
+        load_kubeconfig(broken)
     assert TOKEN not in str(raised.value)
     assert "line" in str(raised.value)
     with pytest.raises(KubeconfigError, match="server is not a URL"):
-        parse_kubeconfig(_kubeconfig({"token": TOKEN}, cluster={"server": "b.test"}))
+        load_kubeconfig(_kubeconfig({"token": TOKEN}, cluster={"server": "b.test"}))
 
 
 def test_a_ca_that_is_not_pem_is_a_config_error() -> None:
@@ -530,7 +532,7 @@ def test_a_ca_that_is_not_pem_is_a_config_error() -> None:
         {"token": TOKEN}, cluster={"server": SERVER, "certificate-authority-data": _b64(b"nope")}
     )
     with pytest.raises(KubeconfigError, match="not PEM"):
-        parse_kubeconfig(text).ssl_context()
+        load_kubeconfig(text).ssl_context()
 
 
 # --- quantities, names, skus ----------------------------------------------------------------
@@ -551,13 +553,13 @@ def test_a_ca_that_is_not_pem_is_a_config_error() -> None:
     ],
 )
 def test_quantities(text: str | int, value: Decimal) -> None:
-    assert parse_quantity(text) == value
+    assert read_quantity(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "abc", "1Xi", None, True, "1.2.3"])
 def test_unreadable_quantities_are_malformed(text: object) -> None:
     with pytest.raises(MalformedResponse):
-        parse_quantity(text)
+        read_quantity(text)
 
 
 def test_pod_names_are_deterministic_dns_labels() -> None:
@@ -1257,7 +1259,9 @@ async def test_the_namespace_is_made_when_missing(
 ) -> None:
     fake.namespaces.clear()
     adapter = KubernetesProvider(
-        _config(monkeypatch), transport=fake.transport(), retry=RetryPolicy(sleep=sleeps)
+        _config(monkeypatch),
+        transport=fake.transport(),
+        retry=dataclasses.replace(DEFAULT_RETRY, sleep=sleeps),
     )
     try:
         await adapter.create(_spec(), _offer())
