@@ -124,9 +124,8 @@ class KubernetesProvider:
         return Capabilities(logs=True, follow_logs=True, log_timestamps=True)
 
     async def offers(self) -> list[Offer]:
-        nodes = await self._json("GET", "/api/v1/nodes", what="list nodes", call=Call.READ)
-        pods = await self._json(
-            "GET",
+        nodes = await self._get("/api/v1/nodes", what="list nodes", call=Call.READ)
+        pods = await self._get(
             "/api/v1/pods",
             what="list pods",
             call=Call.READ,
@@ -182,7 +181,7 @@ class KubernetesProvider:
 
     async def get(self, instance_id: str) -> Instance:
         what = f"get pod {instance_id!r}"
-        pod = await self._json("GET", self._pod_path(instance_id), what=what, call=Call.READ)
+        pod = await self._get(self._pod_path(instance_id), what=what, call=Call.READ)
         with self._api.readable(what):
             instance = parse_instance(pod, provider=self.name)
         if instance is None:
@@ -223,8 +222,7 @@ class KubernetesProvider:
 
     async def list_ours(self) -> list[Instance]:
         what = "list our pods"
-        body = await self._json(
-            "GET",
+        body = await self._get(
             f"/api/v1/namespaces/{self._namespace}/pods",
             what=what,
             call=Call.READ,
@@ -244,7 +242,7 @@ class KubernetesProvider:
 
     async def logs(self, instance_id: str, options: LogOptions) -> AsyncIterator[bytes]:
         what = f"logs of pod {instance_id!r}"
-        pod = await self._json("GET", self._pod_path(instance_id), what=what, call=Call.LOGS)
+        pod = await self._get(self._pod_path(instance_id), what=what, call=Call.LOGS)
         with self._api.readable(what):
             if parse_instance(pod, provider=self.name) is None:
                 raise NotFound(
@@ -307,7 +305,7 @@ class KubernetesProvider:
         what = f"create pod {self._namespace}/{name}"
         response = await self._create_object("pods", body, what=what, redact=redact)
         if response.status_code == 409:
-            existing = await self._json("GET", self._pod_path(name), what=what, call=Call.READ)
+            existing = await self._get(self._pod_path(name), what=what, call=Call.READ)
             log.info("provider %s: pod %s exists already; reusing it", self.name, name)
             if not isinstance(existing, dict):
                 raise self._api.malformed(what, "the pod is not a JSON object")
@@ -465,17 +463,12 @@ class KubernetesProvider:
 
         return classify
 
-    async def _json(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        call: Call,
-        params: Mapping[str, str] | None = None,
+    async def _get(
+        self, path: str, *, what: str, call: Call, params: Mapping[str, str] | None = None
     ) -> object:
+        """The JSON of a GET (retried), its failures classified as ``call``'s."""
         return await self._api.json(
-            method, path, what=what, params=params, classify=self._classify(call)
+            "GET", path, what=what, params=params, classify=self._classify(call)
         )
 
     async def _send(
