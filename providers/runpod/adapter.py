@@ -2,8 +2,9 @@
 
 Three RunPod APIs, each for what it does best (shapes from ``shared/provider-apis``):
 
-- **Offers: GraphQL ``gpuTypes``** (``config.graphql_url``): every GPU type, its prices and its
-  stock in one request (``providers.runpod.offers``).
+- **Offers and running state: GraphQL** (``config.graphql_url``): ``gpuTypes`` gives every GPU
+  type, its prices and its stock in one request (``providers.runpod.offers``); ``myself { pods
+  { id runtime } }`` says which pods' containers are up, which no v1 field does.
 - **Pods: REST v1** (``config.rest_url``): ``POST /pods``, ``GET /pods``, ``GET /pods/{id}``,
   ``DELETE /pods/{id}`` (bodies and states: ``providers.runpod.pods``).
 - **Logs: REST v2** (``config.logs_url``): ``GET /pods/{id}/logs?source=container`` streams
@@ -49,8 +50,23 @@ from providers.payload import MalformedResponse
 from providers.runpod.config import RunPodProviderConfig
 from providers.runpod.failures import Operation, classify_answer, graphql_failure
 from providers.runpod.logs import SseDecoder, log_params
-from providers.runpod.offers import OfferScope, Sku, graphql_data, offers_query, parse_offers
-from providers.runpod.pods import NAME_PREFIX, build_create_body, parse_instance
+from providers.runpod.offers import (
+    OfferScope,
+    Sku,
+    graphql_data,
+    offers_query,
+    parse_offers,
+    refused_gpu_types,
+)
+from providers.runpod.pods import (
+    NAME_PREFIX,
+    RUNTIMES_QUERY,
+    build_create_body,
+    needs_runtime,
+    parse_instance,
+    parse_runtimes,
+    with_runtime,
+)
 from providers.transport import Redactor, RetryPolicy
 from vk_provider.domain.errors import (
     CapacityUnavailable,
@@ -104,6 +120,8 @@ class RunPodProvider:
         )
         # Pods we asked to terminate: they report TERMINATING/TERMINATED rather than LOST.
         self._deleting: set[str] = set()
+        # GPU types already warned about (create would refuse them): one warning each.
+        self._refused_gpu_types: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -122,7 +140,18 @@ class RunPodProvider:
 
         data = await self._api.retrying(attempt)
         with self._api.readable(what):
-            return parse_offers(data, self._scope)
+            offers = parse_offers(data, self._scope)
+        refused = [
+            t for t in refused_gpu_types(data, self._scope) if t not in self._refused_gpu_types
+        ]
+        if refused:
+            self._refused_gpu_types.update(refused)
+            log.warning(
+                "provider %s: not offering GPU types RunPod's create does not accept: %s",
+                self.name,
+                ", ".join(refused),
+            )
+        return offers
 
     async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
         sku = Sku.parse(offer.sku)
@@ -160,6 +189,9 @@ class RunPodProvider:
         except NotFound:
             self._deleting.discard(instance_id)
             raise
+        if needs_runtime(pod):
+            runtimes = await self._api.retrying(lambda: self._runtimes([pod]))
+            pod = with_runtime(pod, runtimes)
         with self._api.readable(what):
             instance = parse_instance(pod, provider=self.name, deleting=self._deleting.__contains__)
         if instance is None:
@@ -187,7 +219,10 @@ class RunPodProvider:
         what = "list pods"
         pods = await self._api.retrying(lambda: self._json_once(f"{self._rest}/pods", what))
         with self._api.readable(what):
-            found = self._ours(pods)
+            listed = self._listed(pods)
+        runtimes = await self._api.retrying(lambda: self._runtimes(listed))
+        with self._api.readable(what):
+            found = self._ours([with_runtime(pod, runtimes) for pod in listed])
         # Forget deletions RunPod no longer lists: they are done (this bounds the set).
         self._deleting &= {i.instance_id for i in found}
         return [i for i in found if i.state is not InstanceState.TERMINATED]
@@ -283,13 +318,31 @@ class RunPodProvider:
         )
         pods = self._api.decode(response, what)
         with self._api.readable(what):
-            mine = [i for i in self._ours(pods) if f"{i.pod_uid}.{i.attempt}" == request_id]
+            listed = self._listed(pods)
+        runtimes = await self._runtimes(listed)
+        with self._api.readable(what):
+            listed = [with_runtime(pod, runtimes) for pod in listed]
+            mine = [i for i in self._ours(listed) if f"{i.pod_uid}.{i.attempt}" == request_id]
         mine.sort(key=lambda i: i.state in (InstanceState.TERMINATED, InstanceState.LOST))
         return mine[0] if mine else None
 
-    def _ours(self, pods: object) -> list[Instance]:
+    @staticmethod
+    def _listed(pods: object) -> list[object]:
         if not isinstance(pods, list):
             raise MalformedResponse("the pod list is not a JSON array")
+        return pods
+
+    async def _runtimes(self, pods: list[object]) -> dict[str, object]:
+        """GraphQL's ``runtime`` of every pod, when one of ``pods`` needs it to tell STARTING
+        from RUNNING (one request; the caller retries)."""
+        if not any(needs_runtime(pod) for pod in pods):
+            return {}
+        what = "pod runtimes (myself.pods)"
+        data = await self._graphql(RUNTIMES_QUERY, what=what)
+        with self._api.readable(what):
+            return parse_runtimes(data)
+
+    def _ours(self, pods: list[object]) -> list[Instance]:
         found = []
         for pod in pods:
             if not isinstance(pod, dict):

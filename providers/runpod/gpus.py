@@ -1,4 +1,9 @@
-"""RunPod's GPU type names as the canonical model names every adapter shares.
+"""RunPod's GPU type ids: which ones create accepts, and their canonical model names.
+
+``CREATE_GPU_TYPE_IDS`` is the enum of ``PodCreateInput.gpuTypeIds`` in RunPod's REST v1
+document (``shared/provider-apis/runpod-rest-v1-openapi.json``; a test keeps the two equal): the
+GraphQL offers query lists more types than create accepts, and an offer create would refuse is
+worse than none (``providers.runpod.offers`` drops them).
 
 Invariants: pure; every input gets a name (unknown types a normalised one), never an error.
 """
@@ -7,6 +12,61 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Final
+
+CREATE_GPU_TYPE_IDS: Final = frozenset(
+    {
+        "AMD Instinct MI300X OAM",
+        "NVIDIA  A30",
+        "NVIDIA  RTX A4500",
+        "NVIDIA A100 80GB PCIe",
+        "NVIDIA A100-SXM4-80GB",
+        "NVIDIA A30",
+        "NVIDIA A40",
+        "NVIDIA A5000 Ada",
+        "NVIDIA B200",
+        "NVIDIA GeForce RTX 3070",
+        "NVIDIA GeForce RTX 3080",
+        "NVIDIA GeForce RTX 3080 Ti",
+        "NVIDIA GeForce RTX 3080TI",
+        "NVIDIA GeForce RTX 3090",
+        "NVIDIA GeForce RTX 3090 Ti",
+        "NVIDIA GeForce RTX 4070 Ti",
+        "NVIDIA GeForce RTX 4080",
+        "NVIDIA GeForce RTX 4080 SUPER",
+        "NVIDIA GeForce RTX 4090",
+        "NVIDIA GeForce RTX 5080",
+        "NVIDIA GeForce RTX 5090",
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA H100 NVL",
+        "NVIDIA H100 PCIe",
+        "NVIDIA H200",
+        "NVIDIA H200 NVL",
+        "NVIDIA L4",
+        "NVIDIA L40",
+        "NVIDIA L40S",
+        "NVIDIA RTX 2000 Ada Generation",
+        "NVIDIA RTX 4000 Ada Generation",
+        "NVIDIA RTX 4000 SFF Ada Generation",
+        "NVIDIA RTX 5000 Ada Generation",
+        "NVIDIA RTX 6000 Ada Generation",
+        "NVIDIA RTX A2000",
+        "NVIDIA RTX A30",
+        "NVIDIA RTX A4000",
+        "NVIDIA RTX A4500",
+        "NVIDIA RTX A5000",
+        "NVIDIA RTX A6000",
+        "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+        "Tesla T4",
+        "Tesla V100-FHHL-16GB",
+        "Tesla V100-PCIE-16GB",
+        "Tesla V100-PCIE-32GB",
+        "Tesla V100-SXM2-16GB",
+        "Tesla V100-SXM2-32GB",
+    }
+)
 
 _KNOWN_GPUS: Mapping[str, str] = {
     "nvidia h100 80gb hbm3": "H100-SXM",

@@ -12,7 +12,9 @@ COMMUNITY or both), GPU count in 1, 2, 4, 8 up to ``maxGpuCount`` and data centr
 (``config.regions``; none configured means one offer in region ``any`` and RunPod picks the data
 centre) there is an on-demand offer and, when RunPod quotes a spot price, a spot one. RunPod
 prices are per GPU per hour; an ``Offer`` is priced for the whole pod (price x count), and
-offers dearer than ``max_price_per_hour`` are dropped. ``stockStatus`` becomes ``available``:
+offers dearer than ``max_price_per_hour`` are dropped, and so are GPU types create would refuse
+(not in ``PodCreateInput.gpuTypeIds``: ``gpus.CREATE_GPU_TYPE_IDS``; the adapter warns once per
+type). ``stockStatus`` becomes ``available``:
 High 8, Medium 4, Low 1, null (none) 0 — a coarse "how many could start now", not a quota.
 The sku carries what create needs: ``<cloud>:<on-demand|spot>:<count>x:<gpu type id>``, e.g.
 ``secure:spot:2x:NVIDIA H100 80GB HBM3``.
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 
 from providers.payload import MalformedResponse, as_number, string
 from providers.runpod.config import RunPodProviderConfig
-from providers.runpod.gpus import canonical_gpu_name
+from providers.runpod.gpus import CREATE_GPU_TYPE_IDS, canonical_gpu_name
 from vk_provider.domain.models import Offer
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,8 @@ class OfferScope:
     regions: tuple[str, ...]  # empty: RunPod chooses the data centre (region "any")
     gpu_types: frozenset[str]  # empty: all
     max_price_per_hour: float | None
+    # The GPU type ids create accepts; an offer of any other id would be refused.
+    create_gpu_ids: frozenset[str] = CREATE_GPU_TYPE_IDS
 
     @classmethod
     def from_config(cls, config: RunPodProviderConfig) -> OfferScope:
@@ -165,12 +169,30 @@ def parse_offers(data: object, scope: OfferScope) -> list[Offer]:
     return offers
 
 
+def refused_gpu_types(data: object, scope: OfferScope) -> list[str]:
+    """The GPU type ids of the answer (within ``config.gpu_types``) that create would refuse,
+    so ``parse_offers`` offers none of them."""
+    entries = data.get("gpuTypes") if isinstance(data, dict) else None
+    refused = {
+        entry["id"]
+        for entry in (entries if isinstance(entries, list) else [])
+        if isinstance(entry, dict)
+        and isinstance(entry.get("id"), str)
+        and entry["id"]
+        and (not scope.gpu_types or entry["id"] in scope.gpu_types)
+        and entry["id"] not in scope.create_gpu_ids
+    }
+    return sorted(refused)
+
+
 def _gpu_type_offers(entry: object, scope: OfferScope) -> Iterator[Offer]:
     if not isinstance(entry, dict):
         raise MalformedResponse("GraphQL gpuTypes: an entry is not an object")
     gpu_id = string(entry, "id", "GraphQL gpuTypes entry", nonempty=True)
     if scope.gpu_types and gpu_id not in scope.gpu_types:
         return
+    if gpu_id not in scope.create_gpu_ids:
+        return  # create would refuse it (see ``refused_gpu_types``)
     max_count = as_number(entry.get("maxGpuCount"))
     memory = as_number(entry.get("memoryInGb")) or 0.0
     for cloud in scope.clouds:

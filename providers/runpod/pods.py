@@ -7,8 +7,10 @@ when its name parses so and its ``env`` (when the payload has one) agrees and na
 provider in its offer key.
 
 States (``instance_state``). v1 ``desiredStatus`` RUNNING is PENDING until the container is up
-(``runtime`` non-null when the payload has that field; otherwise, as the v1 schema documents,
-``publicIp``/``portMappings`` stay empty while the pod initialises) and RUNNING after. EXITED
+and RUNNING after. v1 payloads carry no field that says so (``publicIp``/``portMappings`` are
+empty for a running pod with only HTTP ports or no public IP), so, as SkyPilot and the RunPod
+SDK do, the adapter asks GraphQL for ``myself { pods { id runtime { uptimeInSeconds } } }``
+(``RUNTIMES_QUERY``): a non-null ``runtime`` means the container runs. EXITED
 means the pod stopped — RunPod reclaiming an interruptible pod, a person stopping it, or the
 container ending; the v1 payload does not tell these apart and carries no exit code, and this
 adapter never stops pods. So an interruptible pod that EXITED counts as preempted (LOST, and the
@@ -159,7 +161,10 @@ _V1_DESIRED = frozenset({"RUNNING", "EXITED", "TERMINATED"})
 
 def lifecycle_of(pod: Mapping[str, object]) -> Lifecycle:
     """The pod's lifecycle from a v2 ``status`` when present, else from v1 ``desiredStatus``
-    and whether the container is up (``runtime``; else ``publicIp``/``portMappings``)."""
+    and whether the container is up: GraphQL's ``runtime`` (merged into the payload by
+    ``with_runtime``), non-null once it runs. Without a ``runtime`` the pod is STARTING: a
+    running pod with only HTTP ports or no public IP looks like a starting one in v1, so
+    nothing else is taken as proof that it runs."""
     status = pod.get("status")
     if isinstance(status, str) and status in Lifecycle.__members__:
         return Lifecycle[status]
@@ -170,11 +175,44 @@ def lifecycle_of(pod: Mapping[str, object]) -> Lifecycle:
         )
     if desired != "RUNNING":
         return Lifecycle(desired)
-    if "runtime" in pod:
-        up = pod["runtime"] is not None
-    else:
-        up = bool(pod.get("publicIp")) or bool(pod.get("portMappings"))
-    return Lifecycle.RUNNING if up else Lifecycle.STARTING
+    return Lifecycle.RUNNING if pod.get("runtime") is not None else Lifecycle.STARTING
+
+
+def needs_runtime(pod: object) -> bool:
+    """Whether the pod's state depends on a ``runtime`` the v1 payload does not carry."""
+    if not isinstance(pod, dict) or "runtime" in pod:
+        return False
+    status = pod.get("status")
+    if isinstance(status, str) and status in Lifecycle.__members__:
+        return False
+    return pod.get("desiredStatus") == "RUNNING"
+
+
+RUNTIMES_QUERY = (
+    "query VkProviderRuntimes { myself { pods { id desiredStatus runtime { uptimeInSeconds } } } }"
+)
+
+
+def parse_runtimes(data: object) -> dict[str, object]:
+    """Each pod's ``runtime`` (None until its container is up) from the ``data`` of
+    ``RUNTIMES_QUERY``, by pod id."""
+    myself = data.get("myself") if isinstance(data, dict) else None
+    pods = myself.get("pods") if isinstance(myself, dict) else None
+    if not isinstance(pods, list):
+        raise MalformedResponse("GraphQL myself.pods: missing or not a list")
+    return {
+        pod["id"]: pod.get("runtime")
+        for pod in pods
+        if isinstance(pod, dict) and isinstance(pod.get("id"), str)
+    }
+
+
+def with_runtime(pod: object, runtimes: Mapping[str, object]) -> object:
+    """The v1 payload with GraphQL's ``runtime`` of that pod (None when it has none yet)."""
+    if not needs_runtime(pod):
+        return pod
+    assert isinstance(pod, dict)  # needs_runtime checked it
+    return {**pod, "runtime": runtimes.get(str(pod.get("id")))}
 
 
 def instance_state(

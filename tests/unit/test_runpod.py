@@ -22,9 +22,16 @@ from hypothesis import strategies as st
 
 from providers.runpod.adapter import RunPodProvider
 from providers.runpod.failures import Operation, classify_failure, error_detail
-from providers.runpod.gpus import canonical_gpu_name
+from providers.runpod.gpus import CREATE_GPU_TYPE_IDS, canonical_gpu_name
 from providers.runpod.logs import SseDecoder
-from providers.runpod.offers import OfferScope, Sku, offers_query, parse_offers, stock_to_available
+from providers.runpod.offers import (
+    OfferScope,
+    Sku,
+    offers_query,
+    parse_offers,
+    refused_gpu_types,
+    stock_to_available,
+)
 from providers.runpod.pods import (
     ENV_POD_UID,
     ENV_REQUEST_ID,
@@ -281,7 +288,9 @@ def test_null_stock_status_means_none_available() -> None:
 
 
 def test_unknown_gpu_types_are_offered_under_a_normalised_name() -> None:
-    offers = {o.sku: o for o in parse_offers(GPU_TYPES, _scope())}
+    # Create accepts it (as a newer v1 document may list): offered under a stable name.
+    accepted = CREATE_GPU_TYPE_IDS | {"Mystery Accelerator 9000"}
+    offers = {o.sku: o for o in parse_offers(GPU_TYPES, _scope(create_gpu_ids=accepted))}
     mystery = offers["secure:on-demand:1x:Mystery Accelerator 9000"]
     assert mystery.gpu_model == "MYSTERY-ACCELERATOR-9000"
     assert mystery.available == 0  # no lowestPrice answer: no stock known
@@ -753,8 +762,9 @@ def test_error_detail(body: str, detail: str) -> None:
         ({"desiredStatus": "RUNNING", "runtime": None}, Lifecycle.STARTING),
         ({"desiredStatus": "RUNNING", "runtime": {"uptimeInSeconds": 3}}, Lifecycle.RUNNING),
         ({"desiredStatus": "RUNNING", "publicIp": "", "portMappings": {}}, Lifecycle.STARTING),
-        ({"desiredStatus": "RUNNING", "publicIp": "100.65.0.119"}, Lifecycle.RUNNING),
-        ({"desiredStatus": "RUNNING", "portMappings": {"22": 10341}}, Lifecycle.RUNNING),
+        # v1 fields are no proof that the container runs: only GraphQL's runtime is.
+        ({"desiredStatus": "RUNNING", "publicIp": "100.65.0.119"}, Lifecycle.STARTING),
+        ({"desiredStatus": "RUNNING", "portMappings": {"22": 10341}}, Lifecycle.STARTING),
         ({"desiredStatus": "EXITED"}, Lifecycle.EXITED),
         ({"desiredStatus": "TERMINATED"}, Lifecycle.TERMINATED),
         ({"desiredStatus": "RUNNING", "status": "PROVISIONING"}, Lifecycle.PROVISIONING),
@@ -887,11 +897,86 @@ async def test_get_reports_what_runpod_says(provider: RunPodProvider, fake: Fake
         portMappings={"8000": 10341},
         costPerHr="0.74",  # the v1 document's example spells the price as a string
         lastStartedAt="2026-03-13T20:01:02.144Z",
+        runtime={"uptimeInSeconds": 62},  # GraphQL's: the container is up
     )
     got = await provider.get(created.instance_id)
     assert got.state is InstanceState.RUNNING and got.ip == "100.65.0.119"
     assert got.price_per_hour == pytest.approx(0.74)
     assert got.started_at == datetime(2026, 3, 13, 20, 1, 2, 144000, tzinfo=UTC)
+
+
+async def test_a_running_pod_with_only_http_ports_and_no_public_ip_reads_running(
+    provider: RunPodProvider, fake: FakeRunPod
+) -> None:
+    created = await provider.create(spec(), offer())
+    # v1 shows no public IP and no port mapping; GraphQL's runtime says the container is up.
+    fake.set_fields(
+        created.instance_id,
+        publicIp="",
+        portMappings={},
+        ports=["8000/http"],
+        runtime={"uptimeInSeconds": 40},
+    )
+    assert (await provider.get(created.instance_id)).state is InstanceState.RUNNING
+    assert [i.state for i in await provider.list_ours()] == [InstanceState.RUNNING]
+    assert any("runtime" in query for query in fake.queries)
+
+
+async def test_a_pod_with_a_public_ip_whose_container_is_not_up_is_pending(
+    provider: RunPodProvider, fake: FakeRunPod
+) -> None:
+    created = await provider.create(spec(), offer())
+    fake.set_fields(
+        created.instance_id, publicIp="100.65.0.119", portMappings={"8000": 10341}, runtime=None
+    )
+    assert (await provider.get(created.instance_id)).state is InstanceState.PENDING
+    assert [i.state for i in await provider.list_ours()] == [InstanceState.PENDING]
+
+
+async def test_the_runtime_is_asked_once_per_list_and_not_for_settled_pods(
+    provider: RunPodProvider, fake: FakeRunPod
+) -> None:
+    first = await provider.create(spec(), offer())
+    await provider.create(spec(attempt=1), offer())
+    before = len(fake.queries)
+    await provider.list_ours()
+    assert len(fake.queries) == before + 1  # one GraphQL question for every pod
+    fake.set_fields(first.instance_id, desiredStatus="EXITED")
+    for pod_id in list(fake.pods):
+        fake.set_fields(pod_id, desiredStatus="EXITED")
+    before = len(fake.queries)
+    await provider.list_ours()
+    assert len(fake.queries) == before  # no RUNNING pod: nothing to ask
+
+
+def test_create_gpu_type_ids_are_those_of_the_v1_document() -> None:
+    schema = v1_document()["components"]["schemas"]["PodCreateInput"]
+    assert set(schema["properties"]["gpuTypeIds"]["items"]["enum"]) == CREATE_GPU_TYPE_IDS
+
+
+def test_gpu_types_create_would_refuse_are_not_offered() -> None:
+    offers = parse_offers(GPU_TYPES, _scope())
+    assert not any("Mystery Accelerator 9000" in o.sku for o in offers)
+    assert refused_gpu_types(GPU_TYPES, _scope()) == ["Mystery Accelerator 9000"]
+    narrowed = _scope(gpu_types=frozenset({"NVIDIA L40S"}))
+    assert refused_gpu_types(GPU_TYPES, narrowed) == []
+
+
+async def test_refused_gpu_types_are_dropped_with_one_warning(
+    fake: FakeRunPod, key_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.catalogue.append(FakeGpu("NVIDIA Future GPU 9", "Future 9", 96, 8, 4.0, 3.5, None, None))
+    adapter = RunPodProvider(make_config(key_file), transport=fake.transport())
+    try:
+        with caplog.at_level(logging.WARNING):
+            first = await adapter.offers()
+            second = await adapter.offers()
+    finally:
+        await adapter.close()
+    for offers in (first, second):
+        assert offers and not any("NVIDIA Future GPU 9" in o.sku for o in offers)
+    warnings = [r for r in caplog.records if "NVIDIA Future GPU 9" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
 
 
 def test_fake_pods_are_valid_v1_pods(fake: FakeRunPod) -> None:
