@@ -26,10 +26,11 @@ Invariants:
 - Secret environment values go to the client apart from the plain ones (it passes them as a
   Modal Secret); they are never logged, and error messages are scrubbed of them.
 - Every client call is bounded by the configured per-request timeout (a create, which builds
-  the image, by ``_CREATE_TIMEOUT_SECONDS``) and retried on ``Transient`` and short
-  ``RateLimited`` by ``providers.transport.RetryPolicy`` (``DEFAULT_RETRY``: exponential
-  backoff with jitter, up to 30 s). Only ``domain.errors`` leave the adapter, carrying this
-  provider's name.
+  the image and then waits for capacity, by ``CREATE_TIMEOUT_SECONDS``: longer than the SDK's
+  own scheduling wait, whose capacity error is ``CapacityUnavailable``) and retried on
+  ``Transient`` and short ``RateLimited`` by ``providers.transport.RetryPolicy``
+  (``DEFAULT_RETRY``: exponential backoff with jitter, up to 30 s). Only ``domain.errors``
+  leave the adapter, carrying this provider's name.
 """
 
 from __future__ import annotations
@@ -59,7 +60,13 @@ from providers.modal.identity import (
     sandbox_state,
     tag_value,
 )
-from providers.modal.sandbox import SandboxClient, SandboxInfo, SandboxNameTaken, SandboxRequest
+from providers.modal.sandbox import (
+    SCHEDULING_WAIT_SECONDS,
+    SandboxClient,
+    SandboxInfo,
+    SandboxNameTaken,
+    SandboxRequest,
+)
 from providers.transport import Redactor, RetryPolicy, log_retries
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -81,8 +88,12 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# A create builds the image from the registry reference on first use, inside the call.
-_CREATE_TIMEOUT_SECONDS: Final = 900.0
+# A create builds the image from the registry reference on first use, inside the call, then
+# waits for capacity as long as the SDK does: the SDK must answer first, so that a GPU
+# shortage arrives as its CapacityUnavailable (the offer is blocked) and not as a timeout of
+# ours (Transient: retried on the same offer for an hour).
+_IMAGE_BUILD_SECONDS: Final = 900.0
+CREATE_TIMEOUT_SECONDS: Final = SCHEDULING_WAIT_SECONDS + _IMAGE_BUILD_SECONDS
 # Modal's limits: four tries, backoff from 0.5 s doubling up to 30 s with up to 0.5 s of jitter.
 DEFAULT_RETRY: Final = RetryPolicy(
     attempts=4,
@@ -178,7 +189,7 @@ class ModalProvider:
             sandbox_id = await self._call(
                 "create",
                 lambda: self._client.create_sandbox(request),
-                limit_seconds=_CREATE_TIMEOUT_SECONDS,
+                limit_seconds=CREATE_TIMEOUT_SECONDS,
                 secrets=secrets,
             )
         except SandboxNameTaken:

@@ -15,7 +15,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Final, Protocol
+
+# How long the SDK's ``Sandbox.create`` waits for capacity (a GPU) before it gives up with
+# ``ResourceExhaustedError("Insufficient capacity to create sandbox.")``: modal 1.6,
+# ``modal/sandbox/_impl_v1.py`` ``_SANDBOX_SCHEDULING_TIMEOUT = 21 * 60``.
+SCHEDULING_WAIT_SECONDS: Final = 21 * 60.0
 
 
 class SandboxNameTaken(Exception):
@@ -63,7 +68,10 @@ class SandboxClient(Protocol):
     """
 
     async def create_sandbox(self, request: SandboxRequest) -> str:
-        """Create and start a sandbox; its id. ``SandboxNameTaken`` if the name is in use."""
+        """Create and start a sandbox; its id. ``SandboxNameTaken`` if the name is in use.
+
+        May wait up to ``SCHEDULING_WAIT_SECONDS`` for capacity (after building the image),
+        then raises ``CapacityUnavailable``."""
         ...
 
     async def get(self, sandbox_id: str) -> SandboxInfo:

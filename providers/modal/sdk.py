@@ -17,6 +17,10 @@ SDK facts relied upon (modal-labs/modal-client, ``py/modal/sandbox.py``):
   ``Sandbox.from_name(app_name, name)`` finds running sandboxes only, as does
   ``Sandbox.list(app_id=, tags=)``; its results carry no tags, so each is asked for them.
 - ``sb.stdout``/``sb.stderr`` iterate lines from the start of the output to its end.
+- ``Sandbox.create`` waits for the sandbox to be scheduled for up to 21 minutes
+  (``sandbox.SCHEDULING_WAIT_SECONDS``; ``modal/sandbox/_impl_v1.py`` in 1.6), then terminates it
+  and raises ``ResourceExhaustedError("Insufficient capacity to create sandbox.")``, which
+  ``translate_error`` makes ``CapacityUnavailable``.
 - Since 1.3 every gRPC failure is raised as a ``modal.exception`` class.
 
 Invariants: every SDK failure leaves as ``domain.errors`` (or ``SandboxNameTaken``) through

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from providers.modal.adapter import DEFAULT_RETRY, ModalProvider
+from providers.modal.adapter import CREATE_TIMEOUT_SECONDS, DEFAULT_RETRY, ModalProvider
 from providers.modal.catalogue import modal_gpu_string, offer_sku
 from providers.modal.config import ModalProviderConfig
 from providers.modal.identity import (
@@ -30,7 +30,12 @@ from providers.modal.identity import (
     sandbox_name,
     sandbox_state,
 )
-from providers.modal.sandbox import SandboxInfo, SandboxNameTaken, SandboxRequest
+from providers.modal.sandbox import (
+    SCHEDULING_WAIT_SECONDS,
+    SandboxInfo,
+    SandboxNameTaken,
+    SandboxRequest,
+)
 from providers.transport import RetryPolicy
 from tests.unit.fake_modal import FakeSandboxClient
 from vk_provider.domain.contract import Provider
@@ -862,3 +867,38 @@ async def test_the_real_client_reports_missing_credentials_without_values(
     with pytest.raises(AuthFailed, match="TEST_MODAL_TOKEN_SECRET") as raised:
         await ModalSandboxClient(make_config()).get("sb-0")
     assert "ak-id" not in str(raised.value)
+
+
+# --- GPU shortage: the SDK's wait, then CapacityUnavailable ---------------------------------
+
+
+async def test_the_create_deadline_outlasts_the_sdks_scheduling_wait(
+    provider: ModalProvider, fake: FakeSandboxClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Modal's Sandbox.create waits up to 21 minutes for a GPU before it says "insufficient
+    # capacity"; a deadline of ours shorter than that turns a shortage into a retried timeout.
+    bounds: list[float | None] = []
+    real_timeout = asyncio.timeout
+
+    def recording_timeout(delay: float | None) -> asyncio.Timeout:
+        bounds.append(delay)
+        return real_timeout(delay)
+
+    monkeypatch.setattr(asyncio, "timeout", recording_timeout)
+    await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    assert bounds and max(b or 0.0 for b in bounds) > SCHEDULING_WAIT_SECONDS >= 21 * 60
+    assert CREATE_TIMEOUT_SECONDS > SCHEDULING_WAIT_SECONDS
+
+
+async def test_a_gpu_shortage_from_the_sdk_is_capacity_unavailable_at_once(
+    sdk: StubModal,
+) -> None:
+    sdk.create_error = EXC.ResourceExhaustedError("Insufficient capacity to create sandbox.")
+    provider = ModalProvider(make_config(), retry=NO_WAIT)
+    try:
+        offer = next(o for o in await provider.offers() if o.sku == "h100-x1")
+        with pytest.raises(CapacityUnavailable, match="Insufficient capacity"):
+            await provider.create(make_spec(), offer)
+    finally:
+        await provider.close()
+    assert sum(1 for call in sdk.calls if call[0] == "create") == 1  # blocked, not retried
