@@ -8,19 +8,27 @@ here). The kubeconfig is loaded by kubernetes_asyncio's loader (``providers.kube
 ``logs``.
 
 Lifecycle. ``create`` writes the Secret of the workload's secret env values first (without
-owner), then the pod (``config.namespace``, made when missing); then the Secret gets an
-ownerReference to the pod's uid so B's garbage collector removes it with the pod. When the pod
-cannot be created the Secret is deleted again; ``delete`` also deletes it by name (in case an
-agent died before the ownerReference was set). A second create of the same request gets 409
-AlreadyExists and returns the existing pod once its annotations prove it was made for that
-request. Retries live at the transport (``DEFAULT_RETRY``): each request is retried on
-``Transient`` and short ``RateLimited``; every write is idempotent by name, so a POST whose
-answer was lost is answered by 409 on the retry.
+owner), then the pod, both in ``config.namespace``; then the Secret gets an ownerReference to
+the pod's uid so B's garbage collector removes it with the pod. When the pod cannot be created
+the Secret is deleted again; ``delete`` also deletes it by name (in case an agent died before
+the ownerReference was set). A second create of the same request gets 409 AlreadyExists and
+returns the existing pod once its annotations prove it was made for that request. Retries
+live at the transport (``DEFAULT_RETRY``): each request is retried on ``Transient`` and short
+``RateLimited``; every write is idempotent by name, so a POST whose answer was lost is answered
+by 409 on the retry.
+
+The namespace is the operator's. The adapter never creates it: creating a namespace needs a
+cluster-wide right, and the rights *inside* a namespace that does not exist yet could only come
+from a cluster-wide binding (pods and secrets of every namespace of B). So the operator creates
+``config.namespace`` and binds the role below in it; a create into a missing namespace fails
+with ``CapacityUnavailable`` naming the namespace and what to do (``failures.missing_namespace``):
+the launcher blocks the offer and moves on, and the provider's circuit breaker stays closed, so
+reads of the pods that do run go on.
 
 Rights needed in B (what ``tests/contract/harness_kubernetes.py`` grants, and no more):
-``list`` nodes and pods cluster-wide (offers), ``create`` namespaces (only when the namespace
-may be missing), and in the namespace ``create/get/list/delete`` pods, ``get`` pods/log and
-``create/patch/delete`` secrets.
+``list`` nodes and pods cluster-wide (offers), and in the namespace ``create/get/list/delete``
+pods, ``get`` pods/log and ``create/patch/delete`` secrets
+(``deploy/remote-cluster-rbac.yaml``).
 
 Invariants:
 - The kubeconfig, the token and the client key are never logged nor put into a message; the
@@ -37,7 +45,6 @@ per pod and count requests, not usage.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
@@ -48,7 +55,13 @@ import httpx
 
 from providers.http import Classify, ErrorAnswer, JsonApi
 from providers.kubernetes.config import KubernetesProviderConfig
-from providers.kubernetes.failures import ApiFailure, Call, api_failure, classify_failure
+from providers.kubernetes.failures import (
+    ApiFailure,
+    Call,
+    api_failure,
+    classify_failure,
+    missing_namespace,
+)
 from providers.kubernetes.kubeconfig import build_transport, kubeconfig_base_dir, load_kubeconfig
 from providers.kubernetes.logs import LineSplitter, container_name, log_params
 from providers.kubernetes.manifests import JSON, build_pod, build_secret, owner_reference
@@ -68,7 +81,6 @@ from vk_provider.domain.errors import (
     InvalidSpec,
     NotFound,
     ProviderError,
-    Transient,
 )
 from vk_provider.domain.models import (
     Capabilities,
@@ -383,70 +395,23 @@ class KubernetesProvider:
     async def _create_object(
         self, collection: str, body: JSON, *, what: str, redact: Redactor
     ) -> httpx.Response:
-        """POST into the namespace, creating the namespace when it is missing; 409 is
-        returned, not raised."""
-        path = f"/api/v1/namespaces/{self._namespace}/{collection}"
-        for _ in range(2):
-            response = await self._send(
-                "POST",
-                path,
-                what=what,
-                call=Call.WRITE,
-                json_body=body,
-                accept=frozenset({404, 409}),
-                redact=redact,
-            )
-            if response.status_code != 404:
-                return response
-            answer = ErrorAnswer(what, 404, response.content, response.headers, redact)
-            if api_failure(answer).kind != "namespaces":
-                raise self._classify(Call.WRITE)(answer)
-            await self._create_namespace()
-        raise Transient(
-            f"Kubernetes {what}: namespace {self._namespace} vanished", provider=self.name
-        )
-
-    async def _create_namespace(self) -> None:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": self._namespace,
-                "labels": {LABEL_MANAGED_BY: label_value(self.name)},
-            },
-        }
+        """POST into the namespace; 409 is returned, not raised. A missing namespace is the
+        operator's to create (``missing_namespace``): this adapter never creates one."""
         response = await self._send(
             "POST",
-            "/api/v1/namespaces",
-            what=f"create namespace {self._namespace}",
+            f"/api/v1/namespaces/{self._namespace}/{collection}",
+            what=what,
             call=Call.WRITE,
             json_body=body,
-            accept=frozenset({409}),
+            accept=frozenset({404, 409}),
+            redact=redact,
         )
-        if response.status_code != 409:
-            log.info("provider %s: created namespace %s", self.name, self._namespace)
-        await self._await_default_service_account()
-
-    async def _await_default_service_account(self, *, within_seconds: float = 30.0) -> None:
-        """Pods are refused until the namespace's ``default`` ServiceAccount exists.
-
-        The remote controller-manager creates it shortly after the namespace; waiting here
-        (bounded) keeps the first create from failing for a reason nobody can act on.
-        """
-        path = f"/api/v1/namespaces/{self._namespace}/serviceaccounts/default"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within_seconds
-        while True:
-            response = await self._send(
-                "GET",
-                path,
-                what=f"read serviceaccount {self._namespace}/default",
-                call=Call.READ,
-                accept=frozenset({404}),
-            )
-            if response.status_code != 404 or loop.time() > deadline:
-                return
-            await asyncio.sleep(0.2)
+        if response.status_code != 404:
+            return response
+        answer = ErrorAnswer(what, 404, response.content, response.headers, redact)
+        if api_failure(answer).kind == "namespaces":
+            raise missing_namespace(self._namespace, provider=self.name, what=what)
+        raise self._classify(Call.WRITE)(answer)
 
     def _classify(self, call: Call) -> Classify:
         def classify(answer: ErrorAnswer) -> ProviderError:

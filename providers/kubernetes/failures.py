@@ -117,6 +117,23 @@ def classify_failure(failure: ApiFailure, *, provider: str, what: str, call: Cal
     return Transient(message, provider=provider)
 
 
+NAMESPACE_RIGHTS = "create/get/list/delete pods, get pods/log, create/patch/delete secrets"
+
+
+def missing_namespace(namespace: str, *, provider: str, what: str) -> CapacityUnavailable:
+    """The error of a write into a namespace that does not exist in B.
+
+    ``CapacityUnavailable``: the launcher blocks the offer and tries the next candidate, and it
+    does not count against the provider's circuit breaker (the provider answers; it is only
+    not set up), so the pods that do run stay readable while the operator fixes it."""
+    return CapacityUnavailable(
+        f"Kubernetes {what}: namespace {namespace!r} does not exist in the remote cluster; this "
+        f"provider never creates namespaces: create {namespace!r} and bind a Role granting "
+        f"{NAMESPACE_RIGHTS} to the provider's identity there",
+        provider=provider,
+    )
+
+
 def _pod_field(failure: ApiFailure) -> str:
     if failure.fields:
         return failure.fields[0]

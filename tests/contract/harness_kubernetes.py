@@ -54,11 +54,11 @@ SERVICE_ACCOUNT = "vk-agent"
 CLUSTER_ROLE = "vk-provider-remote"
 HOLD_FINALIZER = "vk-provider.io/contract-hold"
 
-# What the adapter needs in B: cluster-wide reads for offers, the namespace, and its own pods.
+# What the adapter needs in B (deploy/remote-cluster-rbac.yaml): cluster-wide reads for offers,
+# and its own pods and secrets in the namespace the operator made for it (it never makes one).
 CLUSTER_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create"]},
 ]
 NAMESPACE_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "delete"]},

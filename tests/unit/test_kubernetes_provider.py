@@ -61,6 +61,7 @@ from providers.kubernetes.offers import (
 )
 from providers.kubernetes.states import observe, parse_instance
 from providers.payload import MalformedResponse
+from vk_provider.domain.breaker import counts_as_failure
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -1254,7 +1255,7 @@ async def test_a_pod_of_that_name_made_for_something_else_is_refused(
         await provider.create(_spec(), _offer())
 
 
-async def test_the_namespace_is_made_when_missing(
+async def test_a_missing_namespace_is_named_never_created_and_spares_the_breaker(
     monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
 ) -> None:
     fake.namespaces.clear()
@@ -1263,18 +1264,23 @@ async def test_the_namespace_is_made_when_missing(
         transport=fake.transport(),
         retry=dataclasses.replace(DEFAULT_RETRY, sleep=sleeps),
     )
+    secret = EnvVar("TOKEN", "s3cr3t-value", secret=True)
     try:
-        await adapter.create(_spec(), _offer())
+        with pytest.raises(CapacityUnavailable) as raised:
+            await adapter.create(_spec(), _offer())
+        with pytest.raises(CapacityUnavailable):
+            await adapter.create(_spec(attempt=1, env=(secret,)), _offer())
     finally:
         await adapter.close()
+    message = str(raised.value)
+    assert f"namespace {NAMESPACE!r} does not exist" in message
+    assert "create/get/list/delete pods" in message and "never creates namespaces" in message
+    # Never creates the namespace nor reads its ServiceAccount (rights nobody was granted).
     assert fake.calls() == [
         f"POST /api/v1/namespaces/{NAMESPACE}/pods",
-        "POST /api/v1/namespaces",
-        f"GET /api/v1/namespaces/{NAMESPACE}/serviceaccounts/default",
-        f"POST /api/v1/namespaces/{NAMESPACE}/pods",
+        f"POST /api/v1/namespaces/{NAMESPACE}/secrets",
     ]
-    namespace = json.loads(fake.requests[1].content)
-    assert namespace["metadata"] == {"name": NAMESPACE, "labels": {LABEL_MANAGED_BY: PROVIDER}}
+    assert not counts_as_failure(raised.value)  # the provider answers; it is only not set up
 
 
 async def test_secret_first_then_pod_then_owner(
