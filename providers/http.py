@@ -27,8 +27,10 @@ Invariants:
 - Only ``domain.errors`` leave ``send``, ``request``, ``decode``, ``readable`` and ``reading``;
   every message starts with ``<label> <what>:`` (``RunPod create pod for u.0: HTTP 500: ...``).
 - Credentials live only in the auth flow's headers; no message, log line or ``repr`` of this
-  module's objects carries them, and every text from the server or from httpx passes the
-  redactor before it reaches a message.
+  module's objects carries them. Every text from the server or from httpx passes the
+  redactor (every form of every secret: ``transport.secret_forms``) *before* anything may cut
+  or collapse it: an error answer's body is redacted whole before its classifier sees it,
+  a transport error's text before it enters a message or a chained cause.
 - One attempt of ``send`` sends at most one request; a streamed answer that failed is closed
   before its error is raised.
 """
@@ -112,6 +114,50 @@ def answered_status(error: BaseException) -> int | None:
     was no answer (a transport failure) or the error did not come from an answer."""
     cause = error.__cause__
     return cause.response.status_code if isinstance(cause, httpx.HTTPStatusError) else None
+
+
+def redact_body(body: bytes, redact: Redactor) -> bytes:
+    """``body`` with every secret replaced, whatever escapes the server used: a JSON body is
+    decoded, every string in it redacted, and encoded again; any other body is redacted as
+    text."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return redact(text).encode()
+    return json.dumps(_redact_json(document, redact), ensure_ascii=False).encode()
+
+
+def _redact_json(value: object, redact: Redactor) -> object:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_redact_json(item, redact) for item in value]
+    if isinstance(value, dict):
+        return {redact(str(k)): _redact_json(v, redact) for k, v in value.items()}
+    return value
+
+
+def redact_message(error: BaseException, redact: Redactor) -> None:
+    """Scrub ``error``'s message in place (a classifier's message is built from redacted
+    text already; this is the last look before it leaves)."""
+    message = str(error)
+    clean = redact(message)
+    if clean != message:
+        error.args = (clean,)
+
+
+def _scrubbed(exc: httpx.HTTPError, redact: Redactor) -> httpx.HTTPError:
+    """The cause to chain a transport failure to: ``exc``, or a copy of its type whose message
+    is redacted (a traceback of the cause must not carry what the message may not)."""
+    message = str(exc)
+    clean = redact(message)
+    if clean == message:
+        return exc
+    try:
+        return type(exc)(clean)
+    except TypeError:  # a subclass with another constructor: keep the kind, not the text
+        return httpx.TransportError(clean)
 
 
 class _HeaderAuth(httpx.Auth):
@@ -213,7 +259,7 @@ class JsonApi:
         try:
             response = await self._client.send(request, stream=stream)
         except httpx.HTTPError as exc:
-            raise self.transport_failure(exc, what, redact) from exc
+            raise self.transport_failure(exc, what, redact) from _scrubbed(exc, redact)
         if response.is_success or response.status_code in accept:
             return response
         if stream:
@@ -226,8 +272,12 @@ class JsonApi:
             body = response.content
         except httpx.ResponseNotRead:
             body = b""
-        answer = ErrorAnswer(what, response.status_code, body, response.headers, redact)
+        # Redacted whole, before a classifier cuts or collapses any of it.
+        answer = ErrorAnswer(
+            what, response.status_code, redact_body(body, redact), response.headers, redact
+        )
         error = (classify or self._classify)(answer)
+        redact_message(error, redact)
         raise error from httpx.HTTPStatusError(
             f"HTTP {response.status_code}", request=request, response=response
         )

@@ -118,7 +118,7 @@ class KubernetesProvider:
             provider=config.name,
             label="Kubernetes",
             classify=self._classify(Call.READ),
-            redactor=Redactor((access.token,) if access.token else ()),
+            redactor=Redactor(access.secrets),
             retry=retry or DEFAULT_RETRY,
             timeout=config.timeout_seconds,
             base_url=access.server,

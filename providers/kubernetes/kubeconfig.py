@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import shutil
 import ssl
 import tempfile
@@ -64,6 +65,8 @@ class ClusterAccess:
     context: str = ""
     token: str | None = field(default=None, repr=False)
     tls: ssl.SSLContext | None = field(default=None, repr=False)
+    # The credentials, for redaction: the token and the client key (PEM).
+    secrets: tuple[str, ...] = field(default=(), repr=False)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -138,12 +141,27 @@ async def _load(
         raise KubeconfigError(f"kubeconfig: {who} needs both a client certificate and its key")
     header = configuration.api_key.get("BearerToken")
     token = header.removeprefix("Bearer ").strip() if isinstance(header, str) else None
+    secrets = [token] if token else []
+    key = _key_text(configuration.key_file)
+    if key:
+        secrets.append(key)
     return ClusterAccess(
         server=server.rstrip("/"),
         context=name,
         token=token or None,
         tls=_ssl_context(configuration, name) if server.startswith("https://") else None,
+        secrets=tuple(secrets),
     )
+
+
+def _key_text(path: object) -> str | None:
+    """The client key the loader found (PEM), to redact; None when there is none (an unusable
+    one is reported by ``ssl`` when the context is built)."""
+    if not isinstance(path, str) or not path:
+        return None
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return Path(path).read_text().strip()
+    return None
 
 
 def _user(document: dict[str, Any], chosen: Any) -> tuple[str, dict[str, Any]]:

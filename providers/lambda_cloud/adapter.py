@@ -199,12 +199,14 @@ class LambdaCloudProvider:
                 spec, gpus=spec.gpu_count > 0 and offer.gpu_count > 0, provider=self.name
             ),
         )
+        # The spec's secret env values travel in user_data: no answer may echo them to a log.
+        redact = self._api.redactor.with_secrets(var.value for var in spec.env if var.secret)
         async with self._create_lock:
-            existing = await self._find(spec)
+            existing = await self._find(spec, redact)
             if existing is not None:
                 return existing
             data = await self._call(
-                _Call("launch", "POST", "/instance-operations/launch", body=body)
+                _Call("launch", "POST", "/instance-operations/launch", body=body), redact
             )
             with self._api.readable("launch"):
                 instance_id = parse_launch(data)
@@ -296,9 +298,9 @@ class LambdaCloudProvider:
 
     # --- internals ------------------------------------------------------------------------
 
-    async def _find(self, spec: WorkloadSpec) -> Instance | None:
+    async def _find(self, spec: WorkloadSpec, redact: Redactor) -> Instance | None:
         """The instance already made for ``spec.request_id``, if any (one list call)."""
-        for instance in await self._list():
+        for instance in await self._list(redact):
             if (instance.pod_uid, instance.attempt) == (spec.pod_uid, spec.attempt):
                 return instance
         # Not listed yet, but launched by this process moments ago: the list lags.
@@ -326,8 +328,8 @@ class LambdaCloudProvider:
             if now - at >= TERMINATE_REPEAT_SECONDS:
                 del self._terminate_sent[key]
 
-    async def _list(self) -> list[Instance]:
-        data = await self._call(_Call("list instances", "GET", "/instances"))
+    async def _list(self, redact: Redactor | None = None) -> list[Instance]:
+        data = await self._call(_Call("list instances", "GET", "/instances"), redact)
         with self._api.readable("list instances"):
             return parse_instances(data, provider=self.name)
 
@@ -337,8 +339,9 @@ class LambdaCloudProvider:
 
         return classify
 
-    async def _call(self, call: _Call) -> object:
-        """One API call: rate-limited, retried where safe; the ``data`` of its body."""
+    async def _call(self, call: _Call, redact: Redactor | None = None) -> object:
+        """One API call: rate-limited, retried where safe; the ``data`` of its body.
+        ``redact`` adds the secrets of the spec being created to the provider's."""
 
         async def attempt() -> httpx.Response:
             if call.launch:
@@ -355,6 +358,7 @@ class LambdaCloudProvider:
                     what=call.operation,
                     json_body=call.body,
                     classify=self._classify(call.operation),
+                    redact=redact,
                 )
             except RateLimited as exc:
                 # Every caller waits, not just this one: the limit is the account's. Capped: a

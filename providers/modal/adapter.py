@@ -82,6 +82,7 @@ from vk_provider.domain.models import (
     Offer,
     WorkloadSpec,
 )
+from vk_provider.settings.secrets import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -108,15 +109,29 @@ _COMMAND_FIELD: Final = "spec.containers[0].command"
 _ENV_FIELD: Final = "spec.containers[0].env"
 
 
-def _scrub(error: ProviderError, secrets: tuple[str, ...]) -> None:
-    """Remove secret values from ``error``'s message (and drop its cause, which may hold them)."""
+def _scrub(error: BaseException, redact: Redactor) -> BaseException:
+    """``error`` with every form of every secret removed from its message (and its cause and
+    context dropped, which may hold them); returned for ``raise``."""
     message = str(error)
-    clean = Redactor(secrets)(message)
+    clean = redact(message)
     if clean != message:
         error.args = (clean,)
         error.__cause__ = None
         error.__context__ = None
         error.__suppress_context__ = True
+    return error
+
+
+def _credentials(config: ModalProviderConfig) -> Redactor:
+    """The configured token, for redaction; one that cannot be resolved now is the SDK
+    client's to report (its message names the reference, never a value)."""
+    values = []
+    for ref in (config.token_id, config.token_secret):
+        try:
+            values.append(ref.resolve())
+        except ConfigError:
+            continue
+    return Redactor(tuple(values))
 
 
 def _parse_int(value: str | None) -> int:
@@ -158,6 +173,7 @@ class ModalProvider:
         self._client = client
         self._managed_by = tag_value(config.name)
         self._retry = retry
+        self._redact = _credentials(config)
         # Sandboxes this process asked to terminate; the tag says so across restarts.
         self._terminating: set[str] = set()
 
@@ -193,7 +209,7 @@ class ModalProvider:
                 secrets=secrets,
             )
         except SandboxNameTaken:
-            return await self._existing(spec, request.name)
+            return await self._existing(spec, request.name, secrets)
         log.info(
             "created sandbox %s (%s) for pod %s on %s",
             sandbox_id,
@@ -325,9 +341,9 @@ class ModalProvider:
             workdir=spec.working_dir,
         )
 
-    async def _existing(self, spec: WorkloadSpec, name: str) -> Instance:
+    async def _existing(self, spec: WorkloadSpec, name: str, secrets: tuple[str, ...]) -> Instance:
         """The running sandbox that holds ``name``, after a create met ``SandboxNameTaken``."""
-        info = await self._call("from_name", lambda: self._client.from_name(name))
+        info = await self._call("from_name", lambda: self._client.from_name(name), secrets=secrets)
         if info is None:
             raise Transient(
                 f"sandbox name {name} was taken but its sandbox has ended; retry",
@@ -383,9 +399,11 @@ class ModalProvider:
                 yield line if line.endswith(b"\n") else line + b"\n"
         except ProviderError as exc:
             exc.provider = exc.provider or self.name
-            raise
+            raise _scrub(exc, self._redact) from exc.__cause__
         except Exception as exc:  # a client must raise vk_provider.domain.errors only; be safe
-            raise Transient(f"modal logs: {type(exc).__name__}: {exc}", provider=self.name) from exc
+            error = Transient(f"modal logs: {type(exc).__name__}: {exc}", provider=self.name)
+            error.__cause__ = exc
+            raise _scrub(error, self._redact) from error.__cause__
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
@@ -399,26 +417,31 @@ class ModalProvider:
         limit_seconds: float | None = None,
         secrets: tuple[str, ...] = (),
     ) -> _T:
-        """One client call: time-bounded, retried when retryable, errors stamped and scrubbed."""
+        """One client call: time-bounded, retried when retryable, errors stamped and scrubbed
+        (before the retry loop logs them) of the credentials and of ``secrets``."""
         limit = self._config.timeout_seconds if limit_seconds is None else limit_seconds
+        redact = self._redact.with_secrets(secrets)
 
         async def attempt() -> _T:
             try:
                 async with asyncio.timeout(limit):
                     return await call()
             except TimeoutError:
-                raise Transient(f"modal {operation}: no answer in {limit:.0f}s") from None
-            except (ProviderError, SandboxNameTaken):
+                raise Transient(
+                    f"modal {operation}: no answer in {limit:.0f}s", provider=self.name
+                ) from None
+            except SandboxNameTaken:
                 raise
+            except ProviderError as exc:
+                exc.provider = exc.provider or self.name
+                raise _scrub(exc, redact) from exc.__cause__
             except Exception as exc:  # a client must raise vk_provider.domain.errors only; be safe
-                raise Transient(f"modal {operation}: {type(exc).__name__}: {exc}") from exc
+                error = Transient(f"modal {operation}: {type(exc).__name__}: {exc}")
+                error.provider = self.name
+                error.__cause__ = exc
+                raise _scrub(error, redact) from error.__cause__
 
-        try:
-            return await self._retry.run(attempt, before_sleep=log_retries(log, self.name))
-        except ProviderError as exc:
-            exc.provider = exc.provider or self.name
-            _scrub(exc, secrets)
-            raise
+        return await self._retry.run(attempt, before_sleep=log_retries(log, self.name))
 
 
 async def _each(lines: list[bytes]) -> AsyncGenerator[bytes, None]:

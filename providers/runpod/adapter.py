@@ -283,7 +283,7 @@ class RunPodProvider:
     async def _create_once(
         self, spec: WorkloadSpec, body: Mapping[str, object], redact: Redactor
     ) -> Instance:
-        existing = await self._find(spec.request_id)
+        existing = await self._find(spec.request_id, redact)
         if existing is not None:
             return existing
         what = f"create pod for {spec.request_id}"
@@ -309,17 +309,17 @@ class RunPodProvider:
         )
         return instance
 
-    async def _find(self, request_id: str) -> Instance | None:
+    async def _find(self, request_id: str, redact: Redactor) -> Instance | None:
         """Our pod for ``request_id``, live ones first; one attempt (the caller retries)."""
         name = f"{NAME_PREFIX}{request_id}"
         what = f"look up pod {name}"
         response = await self._api.send(
-            "GET", f"{self._rest}/pods", what=what, params={"name": name}
+            "GET", f"{self._rest}/pods", what=what, params={"name": name}, redact=redact
         )
         pods = self._api.decode(response, what)
         with self._api.readable(what):
             listed = self._listed(pods)
-        runtimes = await self._runtimes(listed)
+        runtimes = await self._runtimes(listed, redact)
         with self._api.readable(what):
             listed = [with_runtime(pod, runtimes) for pod in listed]
             mine = [i for i in self._ours(listed) if f"{i.pod_uid}.{i.attempt}" == request_id]
@@ -332,13 +332,15 @@ class RunPodProvider:
             raise MalformedResponse("the pod list is not a JSON array")
         return pods
 
-    async def _runtimes(self, pods: list[object]) -> dict[str, object]:
+    async def _runtimes(
+        self, pods: list[object], redact: Redactor | None = None
+    ) -> dict[str, object]:
         """GraphQL's ``runtime`` of every pod, when one of ``pods`` needs it to tell STARTING
         from RUNNING (one request; the caller retries)."""
         if not any(needs_runtime(pod) for pod in pods):
             return {}
         what = "pod runtimes (myself.pods)"
-        data = await self._graphql(RUNTIMES_QUERY, what=what)
+        data = await self._graphql(RUNTIMES_QUERY, what=what, redact=redact)
         with self._api.readable(what):
             return parse_runtimes(data)
 
@@ -357,15 +359,16 @@ class RunPodProvider:
             raise NotFound("no RunPod pod has an empty id", provider=self.name)
         return f"{self._rest}/pods/{urllib.parse.quote(instance_id, safe='')}"
 
-    async def _graphql(self, query: str, *, what: str) -> object:
+    async def _graphql(self, query: str, *, what: str, redact: Redactor | None = None) -> object:
+        redact = redact or self._api.redactor
         response = await self._api.send(
-            "POST", self._config.graphql_url, what=what, json_body={"query": query}
+            "POST", self._config.graphql_url, what=what, json_body={"query": query}, redact=redact
         )
         body = self._api.decode(response, what)
         with self._api.readable(what):
             data, errors = graphql_data(body)
         if errors:
-            raise graphql_failure(errors, provider=self.name, what=what, redact=self._api.redactor)
+            raise graphql_failure(errors, provider=self.name, what=what, redact=redact)
         return data
 
     async def _log_chunks(

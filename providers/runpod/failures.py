@@ -144,7 +144,8 @@ def graphql_failure(
     messages = [str(e.get("message", "")) for e in errors]
     extensions = errors[0].get("extensions")
     code = extensions.get("code") if isinstance(extensions, dict) else None
-    detail = redact(shorten("; ".join(m for m in messages[:3] if m)))
+    # Redacted before it is shortened: a cut secret is no longer recognisable.
+    detail = shorten(redact("; ".join(m for m in messages[:3] if m)))
     return classify_failure(
         provider=provider,
         operation=Operation.READ,

@@ -61,6 +61,8 @@ from providers.kubernetes.offers import (
 )
 from providers.kubernetes.states import observe, parse_instance
 from providers.payload import MalformedResponse
+from providers.transport import Redactor
+from tests.unit import canary
 from vk_provider.domain.breaker import counts_as_failure
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
@@ -477,6 +479,24 @@ def test_file_paths_are_read_beside_the_kubeconfig(tmp_path: Path) -> None:
     assert [c["subject"] for c in access.ssl_context().get_ca_certs()] == [
         ((("commonName", "test-ca"),),)
     ]
+
+
+def test_the_client_key_is_a_credential_to_redact_in_any_form() -> None:
+    ca, cert, key = _pki()
+    text = _kubeconfig(
+        {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)},
+        cluster={"server": SERVER, "certificate-authority-data": _b64(ca)},
+    )
+    access = load_kubeconfig(text)
+    assert key.decode().strip() in access.secrets
+    assert key.decode() not in repr(access)
+    redact = Redactor(access.secrets)
+    pem_line = key.decode().splitlines()[1]  # one line of a multi-line key
+    body_lines = [line for line in key.decode().splitlines() if not line.startswith("-----")]
+    for echoed in (key.decode(), _b64(key), json.dumps(key.decode()), pem_line):
+        out = redact(f"server said: {echoed}")
+        assert "<redacted>" in out and _b64(key) not in out
+        assert not any(line in out for line in body_lines)
 
 
 def test_a_token_or_token_file_is_a_bearer_header(tmp_path: Path) -> None:
@@ -1583,3 +1603,101 @@ async def test_the_provider_reads_a_kubeconfig_file_with_relative_paths(
     kubeconfig.write_text(_kubeconfig({"exec": {"command": "aws"}}))
     with pytest.raises(ConfigError, match="exec is not supported"):
         KubernetesProvider(config)
+
+
+# --- redaction: canaries through every error path ----------------------------------------
+
+
+def _canary_answers() -> dict[str, httpx.Response | Exception]:
+    text = canary.echo()
+    return {
+        "status 422": _status(422, "Invalid", text, causes=[{"field": "spec", "message": text}]),
+        "status 500": _status(500, "InternalError", text),
+        "long 403": _status(403, "Forbidden", "x" * 490 + " " + canary.KEY),
+        "text 503": httpx.Response(503, text=text),
+        "malformed": httpx.Response(200, content=b"<html>" + text.encode()),
+        "transport": httpx.ConnectError(f"proxy refused: {text}"),
+    }
+
+
+_KUBE_ROUTES = {
+    "offers": ("GET", "/api/v1/nodes"),
+    "create-secret": ("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets"),
+    "create-pod": ("POST", f"/api/v1/namespaces/{NAMESPACE}/pods"),
+    "create-owner": ("PATCH", f"/api/v1/namespaces/{NAMESPACE}/secrets/"),
+    "list": ("GET", f"/api/v1/namespaces/{NAMESPACE}/pods"),
+    "get": ("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/"),
+    "delete": ("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/"),
+    "logs": ("GET", "/log"),
+}
+
+
+@pytest.mark.parametrize("answer", list(_canary_answers()))
+@pytest.mark.parametrize("operation", list(_KUBE_ROUTES))
+async def test_no_canary_leaks_from_any_error_path(
+    operation: str,
+    answer: str,
+    fake: FakeApi,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if (operation, answer) == ("logs", "malformed"):
+        pytest.skip("a 200 log answer is the container's own output, not an error")
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("VK_TEST_KUBECONFIG_B", _kubeconfig({"token": canary.KEY}))
+    config = KubernetesProviderConfig.model_validate(
+        {
+            "type": "kubernetes",
+            "name": PROVIDER,
+            "kubeconfig": "env:VK_TEST_KUBECONFIG_B",
+            "namespace": NAMESPACE,
+        }
+    )
+    adapter = KubernetesProvider(
+        config,
+        transport=fake.transport(),
+        retry=dataclasses.replace(DEFAULT_RETRY, attempts=2, sleep=Sleeps()),
+    )
+    created = await adapter.create(_spec(attempt=5), _offer())
+    method, path = _KUBE_ROUTES[operation]
+    reply = _canary_answers()[answer]
+
+    def inject(request: httpx.Request) -> httpx.Response | None:
+        matches = request.method == method and (
+            request.url.path == path
+            if not path.endswith("/") and operation != "logs"
+            else (
+                request.url.path.endswith(path)
+                if operation == "logs"
+                else request.url.path.startswith(path) and not request.url.path.endswith("/log")
+            )
+        )
+        if not matches:
+            return None
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    fake.overrides.append(inject)
+    workload = _spec(env=(EnvVar("HF_TOKEN", canary.SECRET, secret=True),))
+    returned: list[object] = []
+    error: BaseException | None = None
+    try:
+        if operation == "offers":
+            returned.append(await adapter.offers())
+        elif operation.startswith("create"):
+            returned.append(await adapter.create(workload, _offer()))
+        elif operation == "list":
+            returned.append(await adapter.list_ours())
+        elif operation == "get":
+            returned.append(await adapter.get(created.instance_id))
+        elif operation == "delete":
+            returned.append(await adapter.delete(created.instance_id, grace_seconds=0))
+        else:
+            returned.append([c async for c in adapter.logs(created.instance_id, LogOptions())])
+    except ProviderError as exc:
+        error = exc
+    finally:
+        await adapter.close()
+    values = (canary.KEY, canary.SECRET) if operation.startswith("create") else (canary.KEY,)
+    canary.assert_clean(error=error, records=caplog.records, returned=returned, values=values)

@@ -37,6 +37,7 @@ from providers.modal.sandbox import (
     SandboxRequest,
 )
 from providers.transport import RetryPolicy
+from tests.unit import canary
 from tests.unit.fake_modal import FakeSandboxClient
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
@@ -902,3 +903,69 @@ async def test_a_gpu_shortage_from_the_sdk_is_capacity_unavailable_at_once(
     finally:
         await provider.close()
     assert sum(1 for call in sdk.calls if call[0] == "create") == 1  # blocked, not retried
+
+
+# --- redaction: canaries through every error path ----------------------------------------
+
+
+def _canary_errors() -> dict[str, Exception]:
+    text = canary.echo()
+    return {
+        "capacity": CapacityUnavailable(f"modal create: {text}"),
+        "transient": Transient(f"modal call: {text}"),
+        "invalid": InvalidSpec(f"modal call: {text}"),
+        "long": Transient("modal call: " + "x" * 285 + " " + canary.KEY),
+        "stray": RuntimeError(f"grpc said: {text}"),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_canary_errors()))
+@pytest.mark.parametrize(
+    "operation", ["offers", "create", "create-existing", "get", "delete", "terminate", "logs"]
+)
+async def test_no_canary_leaks_from_any_error_path(
+    operation: str,
+    kind: str,
+    fake: FakeSandboxClient,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("TEST_MODAL_TOKEN_SECRET", canary.KEY)
+    provider = ModalProvider(
+        make_config(), client=fake, retry=dataclasses.replace(NO_WAIT, attempts=2)
+    )
+    offer = await offer_of(provider, "h100-x1")
+    created = await provider.create(make_spec(attempt=4), offer)
+    workload = make_spec(env=(EnvVar("HF_TOKEN", canary.SECRET, secret=True),))
+    if operation == "create-existing":
+        await provider.create(workload, offer)  # the name is taken from now on
+    route = {
+        "offers": "list",
+        "create": "create",
+        "create-existing": "from_name",
+        "get": "get",
+        "delete": "set_tags",
+        "terminate": "terminate",
+        "logs": "logs",
+    }[operation]
+    fake.fail(route, _canary_errors()[kind], times=100)
+    returned: list[object] = []
+    error: BaseException | None = None
+    try:
+        if operation == "offers":
+            returned.append(await provider.offers())
+        elif operation.startswith("create"):
+            returned.append(await provider.create(workload, offer))
+        elif operation == "get":
+            returned.append(await provider.get(created.instance_id))
+        elif operation in ("delete", "terminate"):
+            returned.append(await provider.delete(created.instance_id, grace_seconds=0))
+        else:
+            returned.append([c async for c in provider.logs(created.instance_id, LogOptions())])
+    except ProviderError as exc:
+        error = exc
+    finally:
+        await provider.close()
+    values = (canary.KEY, canary.SECRET) if operation.startswith("create") else (canary.KEY,)
+    canary.assert_clean(error=error, records=caplog.records, returned=returned, values=values)

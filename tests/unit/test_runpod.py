@@ -57,6 +57,7 @@ from tests.contract.harness_runpod import (
     v1_error,
     v1_validator,
 )
+from tests.unit import canary
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -1200,3 +1201,76 @@ async def test_is_a_provider(provider: RunPodProvider) -> None:
 def test_fake_catalogue_type() -> None:
     assert isinstance(FakeRunPod().catalogue[0], FakeGpu)
     assert REST_URL and GRAPHQL_URL
+
+
+# --- redaction: canaries through every error path ----------------------------------------
+
+_RUNPOD_OPERATIONS = ("offers", "create", "create-lookup", "list", "get", "delete", "logs")
+
+
+def _canary_answers() -> dict[str, Any]:
+    text = canary.echo()
+    return {
+        "json 500": httpx.Response(500, json={"error": text, "message": text}),
+        # Past the 300 characters a message keeps: cut first, a secret would half survive.
+        "long 500": httpx.Response(500, json={"error": "x" * 285 + " " + canary.KEY}),
+        "json 400": httpx.Response(400, json={"title": text, "detail": text}),
+        "text 422": httpx.Response(422, text=text),
+        "graphql errors": httpx.Response(200, json={"errors": [{"message": text}]}),
+        "malformed": httpx.Response(200, content=b"<html>" + text.encode()),
+        "transport": httpx.ConnectError(f"proxy refused: {text}"),
+    }
+
+
+@pytest.mark.parametrize("answer", list(_canary_answers()))
+@pytest.mark.parametrize("operation", _RUNPOD_OPERATIONS)
+async def test_no_canary_leaks_from_any_error_path(
+    operation: str, answer: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    key_file = tmp_path / "canary-key"
+    key_file.write_text(canary.KEY + "\n")
+    fake = FakeRunPod()
+    adapter = RunPodProvider(
+        make_config(key_file, name="rp"),
+        transport=fake.transport(),
+        retry=RetryPolicy(attempts=2, sleep=Sleeps()),
+        log_idle_seconds=0.05,
+        clock=lambda: NOW,
+    )
+    workload = spec(
+        env=(EnvVar("PLAIN", "visible"), EnvVar("HF_TOKEN", canary.SECRET, secret=True))
+    )
+    created = await adapter.create(spec(attempt=9), offer())
+    route = {
+        "offers": "graphql",
+        "create": "create",
+        "create-lookup": "list",
+        "list": "list",
+        "get": "get",
+        "delete": "delete",
+        "logs": "logs",
+    }[operation]
+    fake.fail(route, _canary_answers()[answer], times=None)
+    returned: list[object] = []
+    error: BaseException | None = None
+    try:
+        if operation == "offers":
+            returned.append(await adapter.offers())
+        elif operation.startswith("create"):
+            returned.append(await adapter.create(workload, offer()))
+        elif operation == "list":
+            returned.append(await adapter.list_ours())
+        elif operation == "get":
+            returned.append(await adapter.get(created.instance_id))
+        elif operation == "delete":
+            returned.append(await adapter.delete(created.instance_id, grace_seconds=0))
+        else:
+            returned.append([c async for c in adapter.logs(created.instance_id, LogOptions())])
+    except ProviderError as exc:
+        error = exc
+    finally:
+        await adapter.close()
+    # A spec's secret env values are known to the adapter while it creates that spec.
+    values = (canary.KEY, canary.SECRET) if operation.startswith("create") else (canary.KEY,)
+    canary.assert_clean(error=error, records=caplog.records, returned=returned, values=values)
