@@ -1,46 +1,51 @@
-"""What every HTTP/SDK adapter's transport shares: the retry policy, Retry-After parsing, the
-tenacity loop, redaction.
+"""What every HTTP/SDK adapter's transport shares: the retry policy, Retry-After parsing,
+redaction.
 
 The adapters (``runpod``, ``kubernetes``, ``lambda_cloud``, ``modal``) each classify their own
 failures and decide which calls are safe to repeat; what they have in common lives here, so a
 fix to how retries wait or how secrets are scrubbed is made once. Provider-specific choices are
-parameters, not copies:
+values, not copies: there is one ``RetryPolicy`` class, and an adapter whose limits differ
+passes its own values (``kubernetes.adapter.DEFAULT_RETRY``, ``modal.adapter.DEFAULT_RETRY``).
+The HTTP adapters reach it through ``providers.http.JsonApi``.
 
-- ``RetryPolicy`` holds the limits (attempts, backoff, the longest ``Retry-After`` worth
-  waiting for, the sleep). Its defaults are RunPod's; an adapter with other defaults
-  subclasses it to change them (``kubernetes.RetryPolicy``) or builds one from its own
-  spelling of the limits (``lambda_cloud.RetryPolicy.with_sleep``).
+- ``RetryPolicy`` holds the limits (attempts, backoff, jitter, the longest ``Retry-After``
+  worth waiting for, the sleep). Its defaults are RunPod's.
 - ``RetryPolicy.run`` retries ``domain.errors`` by default (``Transient``, and
-  ``RateLimited`` whose ``Retry-After`` is short); an adapter that retries before it
-  classifies passes its own ``retry`` predicate and says where an error carries its
-  ``Retry-After`` (``retry_after``).
-- ``retrying`` is the bare tenacity loop, for an adapter whose waits are a tenacity strategy
-  of its own (``modal``).
+  ``RateLimited`` whose ``Retry-After`` is short); an adapter that retries fewer calls (a
+  create that may have reached the provider) passes its own ``retry`` predicate.
 
 Invariants:
 
 - A call is tried ``attempts`` times at the most and at least once (``attempts`` counts the
   first try; anything below 1 means 1). The last error is raised as it is — never a tenacity
   ``RetryError`` — so only the adapter's own errors leave the loop.
-- Under a ``RetryPolicy``, backoff doubles from ``backoff_seconds`` and never exceeds
-  ``max_backoff_seconds``. A server's ``Retry-After`` replaces the backoff, but is waited for
+- Backoff doubles from ``backoff_seconds``, never exceeds ``max_backoff_seconds`` and adds at
+  most ``jitter_seconds``. A server's ``Retry-After`` replaces the backoff, but is waited for
   only when it is at most ``max_retry_after_seconds``: a longer one makes ``should_retry`` (and
   ``waits_for``) refuse, so the ``RateLimited`` goes to the caller, whose queue schedules the
   pause, instead of a coroutine holding a worker. No wait for a ``Retry-After`` is longer
   than that cap.
 - ``parse_retry_after`` never raises and never returns a negative or non-finite number.
-- ``Redactor`` replaces every non-empty secret with ``<redacted>``, in the order given, and
-  changes nothing else; it logs nothing. (Its ``repr`` shows the secrets: never log it.)
-- Nothing here does I/O of its own: time passes only through the ``sleep`` given (tenacity's
-  own when ``retrying`` gets none), and the only log line is the one ``log_retries`` writes
-  (the error's message, already redacted by the adapter that built it).
+- ``Redactor`` replaces every form of every non-empty secret (``secret_forms``: raw,
+  JSON-escaped, URL-encoded, base64, and the lines of a multi-line one) with ``<redacted>``,
+  longest first, and changes nothing else; it logs nothing. It runs before any truncation or
+  whitespace collapse (``providers.http`` redacts an answer whole, before a classifier reads
+  it). (Its ``repr`` shows the secrets: never log it.)
+- Nothing here does I/O of its own: time passes only through the policy's ``sleep``, and the
+  only log line is the one ``log_retries`` writes (the error's message, already redacted by
+  the adapter that built it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 import math
+import random
+import re
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -112,35 +117,6 @@ def log_retries(logger: logging.Logger, provider: str) -> Callable[[RetryCallSta
     return before_sleep
 
 
-async def retrying(
-    call: Callable[[], Awaitable[T]],
-    *,
-    attempts: int,
-    retry: Callable[[BaseException], bool],
-    wait: Callable[[RetryCallState], float],
-    sleep: Sleep | None = None,
-    before_sleep: Callable[[RetryCallState], None] | None = None,
-) -> T:
-    """``call()`` until it returns, fails with an error ``retry`` declines, or ``attempts``
-    tries are spent; the last error is raised as it is.
-
-    ``wait`` is a tenacity wait strategy; ``sleep`` None keeps tenacity's own.
-    """
-    loop = AsyncRetrying(
-        stop=stop_after_attempt(max(1, attempts)),
-        wait=wait,
-        retry=retry_if_exception(retry),
-        before_sleep=before_sleep,
-        reraise=True,
-    )
-    if sleep is not None:
-        loop = loop.copy(sleep=sleep)
-    async for attempt in loop:
-        with attempt:
-            return await call()
-    raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
-
-
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """How a transport retries ``Transient`` and ``RateLimited`` failures.
@@ -155,12 +131,16 @@ class RetryPolicy:
     backoff_seconds: float = 0.5
     max_backoff_seconds: float = 4.0
     max_retry_after_seconds: float = 5.0
+    jitter_seconds: float = 0.0
     sleep: Sleep = field(default=_sleep, repr=False)
 
     def backoff(self, attempt: int) -> float:
         """The backoff after failed attempt number ``attempt`` (1-based), ignoring any
-        ``Retry-After``."""
-        return min(self.max_backoff_seconds, self.backoff_seconds * 2.0 ** (attempt - 1))
+        ``Retry-After``; up to ``jitter_seconds`` are added at random."""
+        base = min(self.max_backoff_seconds, self.backoff_seconds * 2.0 ** (attempt - 1))
+        if self.jitter_seconds > 0:
+            base += random.uniform(0, self.jitter_seconds)  # noqa: S311 - spreading retries
+        return base
 
     def waits_for(self, retry_after: float | None) -> bool:
         """Whether a server's ``Retry-After`` (None: it gave none) is short enough to wait
@@ -188,40 +168,89 @@ class RetryPolicy:
         call: Callable[[], Awaitable[T]],
         *,
         retry: Callable[[BaseException], bool] | None = None,
-        retry_after: Callable[[BaseException | None], float | None] = rate_limit_retry_after,
         before_sleep: Callable[[RetryCallState], None] | None = None,
     ) -> T:
         """``call()`` under this policy. ``retry`` decides which errors are tried again
-        (default ``should_retry``); ``retry_after`` reads the server's ``Retry-After`` from an
-        error (default: a ``RateLimited``'s)."""
+        (default ``should_retry``); a ``RateLimited``'s ``retry_after`` sets the pause."""
 
         def wait(state: RetryCallState) -> float:
-            return self.pause(retry_after(failure_of(state)), state.attempt_number)
+            return self.wait_seconds(failure_of(state), state.attempt_number)
 
-        return await retrying(
-            call,
-            attempts=self.attempts,
-            retry=self.should_retry if retry is None else retry,
+        loop = AsyncRetrying(
+            stop=stop_after_attempt(max(1, self.attempts)),
             wait=wait,
-            sleep=self.sleep,
+            retry=retry_if_exception(self.should_retry if retry is None else retry),
             before_sleep=before_sleep,
+            reraise=True,
+            sleep=self.sleep,
         )
+        async for attempt in loop:
+            with attempt:
+                return await call()
+        raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
 
 
 # --- redaction ----------------------------------------------------------------------------
 
 
+# Parts of a multi-line secret (one line of a PEM key, say) shorter than this are not
+# redacted on their own: a short line is as likely to be an ordinary word.
+MIN_SECRET_PART = 8
+
+
+def secret_forms(secret: str) -> tuple[str, ...]:
+    """``secret`` as a server, a proxy or a library may echo it: raw, JSON-escaped (ASCII and
+    not), URL-encoded (``quote`` with and without ``/`` safe, ``quote_plus``; either hex case),
+    base64, and for a multi-line one each line, CRLF and LF spellings and the line-joined
+    form a whitespace collapse makes. Longest first, so that no shorter form breaks a longer
+    one before it is matched."""
+    if not secret:
+        return ()
+    variants = {secret, secret.replace("\r\n", "\n"), secret.replace("\n", "\r\n")}
+    collapsed = " ".join(secret.split())
+    if collapsed != secret and len(collapsed) >= MIN_SECRET_PART:
+        variants.add(collapsed)
+    variants.update(
+        line.strip() for line in secret.splitlines() if len(line.strip()) >= MIN_SECRET_PART
+    )
+    forms: set[str] = set()
+    for variant in variants:
+        escaped = json.dumps(variant)[1:-1]
+        forms.update({variant, escaped, json.dumps(variant, ensure_ascii=False)[1:-1]})
+        forms.add(escaped.replace("/", "\\/"))  # some servers escape the solidus too
+        for quoted in (
+            urllib.parse.quote(variant, safe=""),
+            urllib.parse.quote(variant),
+            urllib.parse.quote_plus(variant),
+        ):
+            forms.update({quoted, _PERCENT.sub(lambda m: m.group(0).lower(), quoted)})
+    # base64 as Kubernetes ``-data`` fields and Secrets carry it, with and without the final
+    # newline a PEM file has.
+    if len(secret) >= MIN_SECRET_PART:  # a short one's base64 is an ordinary short word
+        for encoded in (secret, secret.rstrip("\n") + "\n"):
+            forms.add(base64.b64encode(encoded.encode()).decode())
+    return tuple(sorted((f for f in forms if f), key=lambda f: (-len(f), f)))
+
+
+_PERCENT = re.compile(r"%[0-9A-F]{2}")
+
+
 @dataclass(frozen=True, slots=True)
 class Redactor:
     """Replaces secrets (API keys, tokens, secret env values) in text meant for logs or
-    errors."""
+    errors: every form of each (``secret_forms``), before anything shortens the text."""
 
     secrets: tuple[str, ...]
+    _forms: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        forms = {form for secret in self.secrets for form in secret_forms(secret)}
+        object.__setattr__(self, "_forms", tuple(sorted(forms, key=lambda f: (-len(f), f))))
 
     def __call__(self, text: str) -> str:
-        for secret in self.secrets:
-            if secret:
-                text = text.replace(secret, REDACTED)
+        for form in self._forms:
+            if form in text:
+                text = text.replace(form, REDACTED)
         return text
 
     def with_secrets(self, more: Iterable[str]) -> Redactor:

@@ -105,3 +105,28 @@ def stop_process(record: ProcessRecord, *, timeout: float = 10.0) -> None:
                 return
             time.sleep(0.05)
     raise RuntimeError(f"{record.name} (pid {record.pid}) did not stop after SIGKILL")
+
+
+# --- signals ------------------------------------------------------------------------------
+
+
+def signal_group(process: ProcessRecord, sig: signal.Signals) -> None:
+    """Signal the runner's process group, only if the recorded runner is still that process."""
+    if is_running(process):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+
+
+def signal_runner(process: ProcessRecord, sig: signal.Signals) -> None:
+    if is_running(process):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process.pid, sig)
+
+
+def reap(process: ProcessRecord) -> None:
+    # While the agent that started a runner lives, it is the runner's parent: collect the exit
+    # status so finished runners do not stay zombies. Only a zombie that still carries the
+    # recorded start time is ours; after an agent restart init reaps and this is a no-op.
+    if start_ticks(process.pid) == process.start_ticks:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(process.pid, os.WNOHANG)

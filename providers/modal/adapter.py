@@ -1,42 +1,16 @@
 """The Modal provider: each instance is a Modal Sandbox running the pod's one container.
 
-Modal has no public REST API for sandboxes; its Python SDK speaks gRPC. The adapter is built on
-a small interface of our own, ``SandboxClient``: ``providers.modal.sdk`` implements it on the
-``modal`` SDK (an optional dependency, imported there only, and only when a Modal provider is
-configured without an injected client), and the tests use an in-memory fake of it
-(``tests/unit/fake_modal.py``). Modal has no price or capacity API: offers and prices come from
-the configuration (``ModalProviderConfig.offers``), with canonical GPU names (``MODAL_GPUS``:
-Modal's ``H100`` is ``H100-SXM``, ``A100`` is ``A100-40GB``), ``gpu=`` strings spelled
-``H100`` / ``A100-80GB:2``, and ``regions`` / ``max_price_per_hour`` / ``max_gpus`` applied.
+The adapter is built on ``providers.modal.sandbox.SandboxClient``, a small interface of our own:
+``providers.modal.sdk`` implements it on the ``modal`` SDK (an optional dependency, imported
+there only, and only when a Modal provider is configured without an injected client), and the
+tests use an in-memory fake of it (``tests/unit/fake_modal.py``). Offers and prices come from the
+configuration (``providers.modal.catalogue``); names, tags and the state table are in
+``providers.modal.identity``.
 
 The workload: the image by registry reference; ``command`` replaces the image's ENTRYPOINT and
 ``args`` follow it, as in Kubernetes; a container with neither is refused (a sandbox without a
 command does not run the image's default). Ports are not exposed (Modal tunnels are public).
 Logs are stdout and stderr, without timestamps; ``since_seconds`` is not supported.
-
-Names and tags of a sandbox::
-
-    name  vk-<pod uid>.<attempt>            ``spec.request_id`` behind a prefix, when it fits
-                                            Modal's name rules ([A-Za-z0-9._-], <= 64 chars)
-          vk-h-<sha256(request id)[:40]>    otherwise (``sandbox_name``)
-    tags  vk-provider.managed-by            the provider's name: ``list_ours`` filters on it
-          vk-provider.pod-uid / .attempt    whose launch it is
-          vk-provider.sku / .region / .price / .gpus    the offer it was launched on
-          vk-provider.terminate             "requested", written by ``delete`` before it
-                                            terminates the sandbox
-
-States (``sandbox_state``), from ``poll()`` (Modal reports 124 for a sandbox that hit its
-timeout and 137 for one that was terminated) and whether we asked for termination:
-
-    | poll()  | we asked | state       | message                                          |
-    |---------|----------|-------------|--------------------------------------------------|
-    | None    | no       | PENDING     | not scheduled yet (only when the client can tell)|
-    | None    | no       | RUNNING     |                                                  |
-    | None    | yes      | TERMINATING | termination requested                            |
-    | any     | yes      | TERMINATED  | terminated on request                            |
-    | 124     | no       | LOST        | sandbox timed out                                |
-    | 137     | no       | LOST        | sandbox terminated by Modal                      |
-    | other   | no       | EXITED      | ``exit_code`` carries the code                   |
 
 Invariants:
 - One running sandbox per ``spec.request_id``: the name is derived from the request id and
@@ -52,9 +26,11 @@ Invariants:
 - Secret environment values go to the client apart from the plain ones (it passes them as a
   Modal Secret); they are never logged, and error messages are scrubbed of them.
 - Every client call is bounded by the configured per-request timeout (a create, which builds
-  the image, by ``_CREATE_TIMEOUT_SECONDS``) and retried on ``Transient`` and ``RateLimited``
-  (honouring ``retry_after``, capped) by ``providers.transport``'s tenacity loop. Only
-  ``domain.errors`` leave the adapter, carrying this provider's name.
+  the image and then waits for capacity, by ``CREATE_TIMEOUT_SECONDS``: longer than the SDK's
+  own scheduling wait, whose capacity error is ``CapacityUnavailable``) and retried on
+  ``Transient`` and short ``RateLimited`` by ``providers.transport.RetryPolicy``
+  (``DEFAULT_RETRY``: exponential backoff with jitter, up to 30 s). Only ``domain.errors``
+  leave the adapter, carrying this provider's name.
 """
 
 from __future__ import annotations
@@ -62,30 +38,46 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Final, Protocol, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Final, TypeVar
 
-from tenacity import RetryCallState, wait_exponential, wait_random
-
-from providers.modal.config import ModalGpuOffer, ModalProviderConfig
-from providers.transport import Redactor, failure_of, rate_limit_retry_after, retrying
+from providers.modal.catalogue import Catalogued, catalogue
+from providers.modal.config import ModalProviderConfig
+from providers.modal.identity import (
+    ATTEMPT_TAG,
+    GPUS_TAG,
+    MANAGED_BY_TAG,
+    POD_UID_TAG,
+    PRICE_TAG,
+    REGION_TAG,
+    SKU_TAG,
+    TAG_PATTERN,
+    TERMINATE_REQUESTED,
+    TERMINATE_TAG,
+    sandbox_name,
+    sandbox_state,
+    tag_value,
+)
+from providers.modal.sandbox import (
+    SCHEDULING_WAIT_SECONDS,
+    SandboxClient,
+    SandboxInfo,
+    SandboxNameTaken,
+    SandboxRequest,
+)
+from providers.transport import Redactor, RetryPolicy, log_retries
 from vk_provider.domain.errors import (
     AuthFailed,
     InvalidSpec,
     NotFound,
     ProviderError,
-    RateLimited,
     Transient,
 )
 from vk_provider.domain.models import (
     Capabilities,
     Instance,
-    InstanceState,
     LogOptions,
     Offer,
     WorkloadSpec,
@@ -96,208 +88,50 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-TAG_PREFIX: Final = "vk-provider."
-MANAGED_BY_TAG: Final = TAG_PREFIX + "managed-by"
-POD_UID_TAG: Final = TAG_PREFIX + "pod-uid"
-ATTEMPT_TAG: Final = TAG_PREFIX + "attempt"
-SKU_TAG: Final = TAG_PREFIX + "sku"
-REGION_TAG: Final = TAG_PREFIX + "region"
-PRICE_TAG: Final = TAG_PREFIX + "price"
-GPUS_TAG: Final = TAG_PREFIX + "gpus"
-TERMINATE_TAG: Final = TAG_PREFIX + "terminate"
-TERMINATE_REQUESTED: Final = "requested"
-
-EXIT_TIMED_OUT: Final = 124  # Modal's return code for a sandbox that reached its timeout
-EXIT_TERMINATED: Final = 137  # ... and for one that was terminated
-ANY_REGION: Final = "any"
-
-# Modal's rules (modal/_utils/name_utils.py): object names and tag keys/values.
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_TAG = re.compile(r"[A-Za-z0-9._-]{1,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# A create builds the image from the registry reference on first use, inside the call.
-_CREATE_TIMEOUT_SECONDS: Final = 900.0
-_RETRY_ATTEMPTS: Final = 4
-_MAX_RETRY_WAIT_SECONDS: Final = 30.0
-_BACKOFF: Final = wait_exponential(multiplier=0.5, max=_MAX_RETRY_WAIT_SECONDS) + wait_random(
-    0, 0.5
+# A create builds the image from the registry reference on first use, inside the call, then
+# waits for capacity as long as the SDK does: the SDK must answer first, so that a GPU
+# shortage arrives as its CapacityUnavailable (the offer is blocked) and not as a timeout of
+# ours (Transient: retried on the same offer for an hour).
+_IMAGE_BUILD_SECONDS: Final = 900.0
+CREATE_TIMEOUT_SECONDS: Final = SCHEDULING_WAIT_SECONDS + _IMAGE_BUILD_SECONDS
+# Modal's limits: four tries, backoff from 0.5 s doubling up to 30 s with up to 0.5 s of jitter.
+DEFAULT_RETRY: Final = RetryPolicy(
+    attempts=4,
+    backoff_seconds=0.5,
+    max_backoff_seconds=30.0,
+    max_retry_after_seconds=30.0,
+    jitter_seconds=0.5,
 )
 
 _IMAGE_FIELD: Final = "spec.containers[0].image"
 _COMMAND_FIELD: Final = "spec.containers[0].command"
 _ENV_FIELD: Final = "spec.containers[0].env"
 
-# Modal GPU names (modal.com/docs/guide/gpu) -> (canonical model, memory per GPU in GiB).
-# Where Modal may upgrade (A100 -> 80 GB, H100 -> H200), the floor is what we promise.
-# Modal's H100s are SXM parts.
-MODAL_GPUS: Final[Mapping[str, tuple[str, float]]] = {
-    "T4": ("T4", 16),
-    "L4": ("L4", 24),
-    "A10": ("A10", 24),
-    "A10G": ("A10G", 24),
-    "L40S": ("L40S", 48),
-    "A100": ("A100-40GB", 40),
-    "A100-40GB": ("A100-40GB", 40),
-    "A100-80GB": ("A100-80GB", 80),
-    "RTX-PRO-6000": ("RTX-PRO-6000", 96),
-    "H100": ("H100-SXM", 80),
-    "H100!": ("H100-SXM", 80),
-    "H200": ("H200", 141),
-    "B200": ("B200", 180),
-    "B200+": ("B200", 180),
-}
 
-
-# --- the interface the adapter is built on ---------------------------------------------------
-
-
-class SandboxNameTaken(Exception):
-    """A running sandbox of the app already has the requested name (Modal's AlreadyExists)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SandboxRequest:
-    """One sandbox to create; ``secret_env`` never shows in ``repr``."""
-
-    name: str
-    tags: Mapping[str, str]
-    image: str
-    command: tuple[str, ...]  # replaces the image's ENTRYPOINT when not empty (Kubernetes rule)
-    args: tuple[str, ...]
-    env: Mapping[str, str]
-    secret_env: Mapping[str, str] = field(repr=False)
-    gpu: str | None  # Modal's spelling: "H100", "A100-80GB:2"
-    cpu: float
-    memory_mib: int
-    regions: tuple[str, ...]  # empty: anywhere
-    timeout_seconds: int
-    workdir: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SandboxInfo:
-    """What the client knows of one sandbox; ``exit_code`` is ``poll()``'s answer."""
-
-    sandbox_id: str
-    tags: Mapping[str, str]
-    exit_code: int | None = None
-    name: str | None = None
-    started: bool | None = None  # None: the client cannot tell (RUNNING is assumed)
-    created_at: datetime | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-
-
-class SandboxClient(Protocol):
-    """The few sandbox operations the adapter needs, on one Modal app.
-
-    Implementations raise ``domain.errors`` (mapped in one place) and ``SandboxNameTaken``,
-    nothing else.
-    """
-
-    async def create_sandbox(self, request: SandboxRequest) -> str:
-        """Create and start a sandbox; its id. ``SandboxNameTaken`` if the name is in use."""
-        ...
-
-    async def get(self, sandbox_id: str) -> SandboxInfo:
-        """Any sandbox of the app, running or finished; ``NotFound`` if there is none."""
-        ...
-
-    async def list(self, tags: Mapping[str, str]) -> list[SandboxInfo]:
-        """The app's running sandboxes that carry at least ``tags`` (finished ones are not)."""
-        ...
-
-    async def from_name(self, name: str) -> SandboxInfo | None:
-        """The app's running sandbox of that name, or None."""
-        ...
-
-    async def set_tags(self, sandbox_id: str, tags: Mapping[str, str]) -> None:
-        """Replace the sandbox's whole tag set."""
-        ...
-
-    async def terminate(self, sandbox_id: str) -> None:
-        """Terminate the sandbox; a no-op when it has finished."""
-        ...
-
-    def logs(self, sandbox_id: str, *, follow: bool) -> AsyncIterator[bytes]:
-        """stdout and stderr from the start, one line per chunk; without ``follow`` the stream
-        ends with the output produced so far, with it when the sandbox ends."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-# --- pure helpers ----------------------------------------------------------------------------
-
-
-def sandbox_name(request_id: str) -> str:
-    """The sandbox name (idempotency key) of a launch; see the module docstring."""
-    name = f"vk-{request_id}"
-    if _NAME.fullmatch(name):
-        return name
-    return "vk-h-" + hashlib.sha256(request_id.encode()).hexdigest()[:40]
-
-
-def tag_value(value: str) -> str:
-    """``value`` when Modal accepts it as a tag value, else a stable digest of it."""
-    if _TAG.fullmatch(value):
-        return value
-    return "h-" + hashlib.sha256(value.encode()).hexdigest()[:32]
-
-
-def modal_gpu_string(gpu: str, count: int) -> str:
-    """Modal's ``gpu=`` argument: ``H100`` for one GPU, ``A100-80GB:2`` for several."""
-    return gpu if count == 1 else f"{gpu}:{count}"
-
-
-def offer_sku(gpu: str, count: int) -> str:
-    """``h100-x1``, ``a100-80gb-x2``, ``h100-exact-x1`` (for ``H100!``)."""
-    slug = gpu.strip().lower().replace("!", "-exact").replace("+", "-plus")
-    slug = re.sub(r"[^a-z0-9.]+", "-", slug).strip("-")
-    return f"{slug}-x{count}"
-
-
-def sandbox_state(info: SandboxInfo, *, termination_requested: bool) -> tuple[InstanceState, str]:
-    """The state table of the module docstring."""
-    code = info.exit_code
-    if code is None:
-        if termination_requested:
-            return InstanceState.TERMINATING, "termination requested"
-        if info.started is False:
-            return InstanceState.PENDING, "waiting for Modal to schedule the sandbox"
-        return InstanceState.RUNNING, ""
-    if termination_requested:
-        return InstanceState.TERMINATED, "terminated on request"
-    if code == EXIT_TIMED_OUT:
-        return InstanceState.LOST, "sandbox timed out"
-    if code == EXIT_TERMINATED:
-        return InstanceState.LOST, "sandbox terminated by Modal"
-    return InstanceState.EXITED, ""
-
-
-def _default_wait(state: RetryCallState) -> float:
-    """Exponential back-off with jitter; a rate limit's ``retry_after`` when it gives one."""
-    retry_after = rate_limit_retry_after(failure_of(state))
-    if retry_after is not None:
-        return min(retry_after, _MAX_RETRY_WAIT_SECONDS)
-    return float(_BACKOFF(state))
-
-
-def _retryable(error: BaseException) -> bool:
-    """Every ``Transient`` and every ``RateLimited``, however long its ``retry_after``
-    (``_default_wait`` caps the pause instead of handing it to the agent)."""
-    return isinstance(error, Transient | RateLimited)
-
-
-def _scrub(error: ProviderError, secrets: tuple[str, ...]) -> None:
-    """Remove secret values from ``error``'s message (and drop its cause, which may hold them)."""
+def _scrub(error: BaseException, redact: Redactor) -> BaseException:
+    """``error`` with every form of every secret removed from its message (and its cause and
+    context dropped, which may hold them); returned for ``raise``."""
     message = str(error)
-    clean = Redactor(secrets)(message)
+    clean = redact(message)
     if clean != message:
         error.args = (clean,)
         error.__cause__ = None
         error.__context__ = None
         error.__suppress_context__ = True
+    return error
+
+
+def _credentials(config: ModalProviderConfig) -> Redactor:
+    """The configured token, for redaction; one that cannot be resolved now is the SDK
+    client's to report (its message names the reference, never a value)."""
+    values = []
+    for ref in (config.token_id, config.token_secret):
+        try:
+            values.append(ref.resolve())
+        except ConfigError:
+            continue
+    return Redactor(tuple(values))
 
 
 def _parse_int(value: str | None) -> int:
@@ -314,59 +148,6 @@ def _parse_float(value: str | None) -> float:
         return 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class _Catalogued:
-    """One configured offer and how to launch it."""
-
-    offer: Offer
-    gpu: str  # Modal's spelling, with the count
-    regions: tuple[str, ...]
-
-
-def _catalogue(config: ModalProviderConfig) -> dict[str, _Catalogued]:
-    """The configured offers allowed by ``regions`` and ``max_price_per_hour``, by offer key."""
-    entries: dict[str, _Catalogued] = {}
-    for configured in config.offers:
-        entry = _catalogued(config, configured)
-        if entry is None:
-            continue
-        if entry.offer.key in entries:
-            raise ConfigError(
-                f"providers[{config.name}].offers: two offers of {configured.gpu} x"
-                f"{configured.count} in region {configured.region!r}"
-            )
-        entries[entry.offer.key] = entry
-    return entries
-
-
-def _catalogued(config: ModalProviderConfig, configured: ModalGpuOffer) -> _Catalogued | None:
-    if config.max_price_per_hour is not None and configured.price_per_hour > (
-        config.max_price_per_hour
-    ):
-        return None
-    if configured.region == ANY_REGION:
-        regions = tuple(config.regions)  # Modal may place it in any of the allowed regions
-    elif not config.regions or configured.region in config.regions:
-        regions = (configured.region,)
-    else:
-        return None
-    gpu = configured.gpu.strip()
-    canonical, memory = MODAL_GPUS.get(gpu.upper(), (gpu.upper(), 0.0))
-    offer = Offer(
-        provider=config.name,
-        sku=offer_sku(gpu, configured.count),
-        region=configured.region,
-        gpu_model=canonical,
-        gpu_count=configured.count,
-        gpu_memory_gib=memory,
-        vcpus=configured.vcpus,
-        memory_gib=configured.memory_gib,
-        price_per_hour=configured.price_per_hour,
-        available=config.max_gpus // configured.count,
-    )
-    return _Catalogued(offer, modal_gpu_string(gpu, configured.count), regions)
-
-
 # --- the adapter -----------------------------------------------------------------------------
 
 
@@ -378,10 +159,11 @@ class ModalProvider:
         config: ModalProviderConfig,
         *,
         client: SandboxClient | None = None,
-        retry_attempts: int = _RETRY_ATTEMPTS,
-        retry_wait: Callable[[RetryCallState], float] = _default_wait,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
-        self._catalogue = _catalogue(config)
+        """``client`` is the test seam (None: the ``modal`` SDK, imported now); ``retry`` the
+        limits of every client call's retries."""
+        self._catalogue = catalogue(config)
         if client is None:
             # Imported here so that `modal` is only needed when Modal is really used.
             from providers.modal.sdk import ModalSandboxClient
@@ -390,8 +172,8 @@ class ModalProvider:
         self._config = config
         self._client = client
         self._managed_by = tag_value(config.name)
-        self._retry_attempts = retry_attempts
-        self._retry_wait = retry_wait
+        self._retry = retry
+        self._redact = _credentials(config)
         # Sandboxes this process asked to terminate; the tag says so across restarts.
         self._terminating: set[str] = set()
 
@@ -423,11 +205,11 @@ class ModalProvider:
             sandbox_id = await self._call(
                 "create",
                 lambda: self._client.create_sandbox(request),
-                limit_seconds=_CREATE_TIMEOUT_SECONDS,
+                limit_seconds=CREATE_TIMEOUT_SECONDS,
                 secrets=secrets,
             )
         except SandboxNameTaken:
-            return await self._existing(spec, request.name)
+            return await self._existing(spec, request.name, secrets)
         log.info(
             "created sandbox %s (%s) for pod %s on %s",
             sandbox_id,
@@ -499,7 +281,7 @@ class ModalProvider:
 
     # --- internals ---
 
-    def _request(self, spec: WorkloadSpec, entry: _Catalogued) -> SandboxRequest:
+    def _request(self, spec: WorkloadSpec, entry: Catalogued) -> SandboxRequest:
         """The sandbox for ``spec`` on ``entry``; ``InvalidSpec`` when Modal cannot run it."""
         if not spec.image.strip():
             raise InvalidSpec("the container has no image", provider=self.name, field=_IMAGE_FIELD)
@@ -530,7 +312,7 @@ class ModalProvider:
                     provider=self.name,
                     field=_ENV_FIELD,
                 )
-        if not _TAG.fullmatch(spec.pod_uid):
+        if not TAG_PATTERN.fullmatch(spec.pod_uid):
             raise InvalidSpec(
                 "the pod UID cannot be a Modal tag", provider=self.name, field="metadata.uid"
             )
@@ -559,9 +341,9 @@ class ModalProvider:
             workdir=spec.working_dir,
         )
 
-    async def _existing(self, spec: WorkloadSpec, name: str) -> Instance:
+    async def _existing(self, spec: WorkloadSpec, name: str, secrets: tuple[str, ...]) -> Instance:
         """The running sandbox that holds ``name``, after a create met ``SandboxNameTaken``."""
-        info = await self._call("from_name", lambda: self._client.from_name(name))
+        info = await self._call("from_name", lambda: self._client.from_name(name), secrets=secrets)
         if info is None:
             raise Transient(
                 f"sandbox name {name} was taken but its sandbox has ended; retry",
@@ -617,9 +399,11 @@ class ModalProvider:
                 yield line if line.endswith(b"\n") else line + b"\n"
         except ProviderError as exc:
             exc.provider = exc.provider or self.name
-            raise
+            raise _scrub(exc, self._redact) from exc.__cause__
         except Exception as exc:  # a client must raise vk_provider.domain.errors only; be safe
-            raise Transient(f"modal logs: {type(exc).__name__}: {exc}", provider=self.name) from exc
+            error = Transient(f"modal logs: {type(exc).__name__}: {exc}", provider=self.name)
+            error.__cause__ = exc
+            raise _scrub(error, self._redact) from error.__cause__
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
@@ -633,28 +417,31 @@ class ModalProvider:
         limit_seconds: float | None = None,
         secrets: tuple[str, ...] = (),
     ) -> _T:
-        """One client call: time-bounded, retried when retryable, errors stamped and scrubbed."""
+        """One client call: time-bounded, retried when retryable, errors stamped and scrubbed
+        (before the retry loop logs them) of the credentials and of ``secrets``."""
         limit = self._config.timeout_seconds if limit_seconds is None else limit_seconds
+        redact = self._redact.with_secrets(secrets)
 
         async def attempt() -> _T:
             try:
                 async with asyncio.timeout(limit):
                     return await call()
             except TimeoutError:
-                raise Transient(f"modal {operation}: no answer in {limit:.0f}s") from None
-            except (ProviderError, SandboxNameTaken):
+                raise Transient(
+                    f"modal {operation}: no answer in {limit:.0f}s", provider=self.name
+                ) from None
+            except SandboxNameTaken:
                 raise
+            except ProviderError as exc:
+                exc.provider = exc.provider or self.name
+                raise _scrub(exc, redact) from exc.__cause__
             except Exception as exc:  # a client must raise vk_provider.domain.errors only; be safe
-                raise Transient(f"modal {operation}: {type(exc).__name__}: {exc}") from exc
+                error = Transient(f"modal {operation}: {type(exc).__name__}: {exc}")
+                error.provider = self.name
+                error.__cause__ = exc
+                raise _scrub(error, redact) from error.__cause__
 
-        try:
-            return await retrying(
-                attempt, attempts=self._retry_attempts, retry=_retryable, wait=self._retry_wait
-            )
-        except ProviderError as exc:
-            exc.provider = exc.provider or self.name
-            _scrub(exc, secrets)
-            raise
+        return await self._retry.run(attempt, before_sleep=log_retries(log, self.name))
 
 
 async def _each(lines: list[bytes]) -> AsyncGenerator[bytes, None]:

@@ -1,4 +1,4 @@
-"""``providers.modal.adapter.SandboxClient`` on the real ``modal`` SDK (``modal>=1.4.3``).
+"""``providers.modal.sandbox.SandboxClient`` on the real ``modal`` SDK (``modal>=1.4.3``).
 
 This is the only module that imports ``modal``, and ``ModalProvider`` imports it
 only when a Modal provider is configured without an injected client. ``modal`` is loaded when a
@@ -17,6 +17,10 @@ SDK facts relied upon (modal-labs/modal-client, ``py/modal/sandbox.py``):
   ``Sandbox.from_name(app_name, name)`` finds running sandboxes only, as does
   ``Sandbox.list(app_id=, tags=)``; its results carry no tags, so each is asked for them.
 - ``sb.stdout``/``sb.stderr`` iterate lines from the start of the output to its end.
+- ``Sandbox.create`` waits for the sandbox to be scheduled for up to 21 minutes
+  (``sandbox.SCHEDULING_WAIT_SECONDS``; ``modal/sandbox/_impl_v1.py`` in 1.6), then terminates it
+  and raises ``ResourceExhaustedError("Insufficient capacity to create sandbox.")``, which
+  ``translate_error`` makes ``CapacityUnavailable``.
 - Since 1.3 every gRPC failure is raised as a ``modal.exception`` class.
 
 Invariants: every SDK failure leaves as ``domain.errors`` (or ``SandboxNameTaken``) through
@@ -33,8 +37,8 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Final
 
-from providers.modal.adapter import SandboxInfo, SandboxNameTaken, SandboxRequest
 from providers.modal.config import ModalProviderConfig
+from providers.modal.sandbox import SandboxInfo, SandboxNameTaken, SandboxRequest
 from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,

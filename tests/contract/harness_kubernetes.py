@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import base64
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -39,15 +40,10 @@ from typing import Any, Literal
 import httpx
 import yaml
 
-from providers.kubernetes.adapter import (
-    FALLBACK_REGION,
-    KubernetesProvider,
-    RetryPolicy,
-    Shape,
-    build_transport,
-    parse_kubeconfig,
-)
+from providers.kubernetes.adapter import DEFAULT_RETRY, KubernetesProvider
 from providers.kubernetes.config import KubernetesProviderConfig
+from providers.kubernetes.kubeconfig import build_transport, load_kubeconfig
+from providers.kubernetes.offers import FALLBACK_REGION, Shape
 from tests.contract.harness import FailureKind
 from vk_provider.cluster.binaries import ensure_binaries
 from vk_provider.cluster.cluster import LocalCluster
@@ -58,11 +54,11 @@ SERVICE_ACCOUNT = "vk-agent"
 CLUSTER_ROLE = "vk-provider-remote"
 HOLD_FINALIZER = "vk-provider.io/contract-hold"
 
-# What the adapter needs in B: cluster-wide reads for offers, the namespace, and its own pods.
+# What the adapter needs in B (deploy/remote-cluster-rbac.yaml): cluster-wide reads for offers,
+# and its own pods and secrets in the namespace the operator made for it (it never makes one).
 CLUSTER_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["create"]},
 ]
 NAMESPACE_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "delete"]},
@@ -108,7 +104,7 @@ class Admin:
     """Cluster B as its administrator (what a kubelet or an operator would do)."""
 
     def __init__(self, cluster: LocalCluster) -> None:
-        access = parse_kubeconfig(cluster.kubeconfig.read_text())
+        access = load_kubeconfig(cluster.kubeconfig.read_text())
         self.server = access.server
         self.ca_data = cluster.pki.ca.cert.read_bytes()
         self._http = httpx.Client(base_url=access.server, verify=access.ssl_context(), timeout=10)
@@ -281,10 +277,12 @@ class KubernetesHarness:
                         "cpu_price_per_hour": 0.05,
                     }
                 )
-                access = parse_kubeconfig(kubeconfig.read_text())
+                access = load_kubeconfig(kubeconfig.read_text())
                 network = self._network = FaultyNetwork(build_transport(access))
                 provider = KubernetesProvider(
-                    config, transport=network, retry=RetryPolicy(sleep=_no_wait)
+                    config,
+                    transport=network,
+                    retry=dataclasses.replace(DEFAULT_RETRY, sleep=_no_wait),
                 )
                 try:
                     yield provider

@@ -34,8 +34,9 @@ from openapi_core.datatypes import RequestParameters
 from openapi_core.testing import MockResponse
 from werkzeug.datastructures import Headers, ImmutableMultiDict
 
-from providers.lambda_cloud.adapter import LambdaCloudProvider, RetryPolicy
+from providers.lambda_cloud.adapter import LambdaCloudProvider
 from providers.lambda_cloud.config import LambdaProviderConfig
+from providers.transport import RetryPolicy
 from tests.contract.harness import FailureKind
 from tests.fixtures import PROVIDER_APIS
 from vk_provider.domain.contract import Provider
@@ -504,7 +505,9 @@ def make_provider(
         transport=fake.transport,
         clock=clock,
         sleep=clock.sleep,
-        retry=RetryPolicy(attempts=3, first_wait=0.5, max_wait=2.0, max_retry_after=10.0),
+        retry=RetryPolicy(
+            attempts=3, backoff_seconds=0.5, max_backoff_seconds=2.0, max_retry_after_seconds=10.0
+        ),
     )
 
 

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Literal
 
-from tenacity import wait_none
-
-from providers.modal.adapter import MANAGED_BY_TAG, POD_UID_TAG, ModalProvider
+from providers.modal.adapter import ModalProvider
 from providers.modal.config import ModalProviderConfig
+from providers.modal.identity import MANAGED_BY_TAG, POD_UID_TAG
+from providers.transport import RetryPolicy
 from tests.contract.harness import FailureKind
 from tests.unit.fake_modal import FakeSandboxClient
 from vk_provider.domain.contract import Provider
@@ -30,6 +30,7 @@ from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
 
 # Enough failures to outlast every retry of one call.
 _PERSISTENT = 100
+_NO_WAIT = RetryPolicy(attempts=4, backoff_seconds=0.0, max_backoff_seconds=0.0)
 
 # What the real client raises for each kind (see translate_error's table).
 _FAILURES: Mapping[FailureKind, Callable[[], ProviderError]] = {
@@ -71,7 +72,7 @@ class ModalHarness:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Provider]:
         self._fake = FakeSandboxClient()
-        provider = ModalProvider(contract_config(), client=self._fake, retry_wait=wait_none())
+        provider = ModalProvider(contract_config(), client=self._fake, retry=_NO_WAIT)
         try:
             yield provider
         finally:

@@ -4,7 +4,8 @@
 ``shared/provider-apis`` (``VK_PROVIDER_APIS`` overrides that directory):
 
 - GraphQL ``gpuTypes`` from a small catalogue, reading the aliased ``lowestPrice`` fields out of
-  the query the way the server does;
+  the query the way the server does, and ``myself { pods { id runtime } }`` (a pod's ``runtime``
+  is stored with it and answered by GraphQL only, as v1's Pod has no such field);
 - REST v1 pods kept in a dict: ``POST /pods`` → 201 Pod (every body validated against the v1
   ``PodCreateInput`` schema when the document is available), ``GET /pods`` with its ``name``,
   ``desiredStatus`` and ``id`` filters, ``GET /pods/{id}`` → 200 / 404, ``DELETE`` → 204 / 404;
@@ -33,8 +34,9 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from providers.runpod.adapter import RetryPolicy, RunPodProvider
+from providers.runpod.adapter import RunPodProvider
 from providers.runpod.config import RunPodProviderConfig
+from providers.transport import RetryPolicy
 from tests.contract.harness import FailureKind
 from tests.fixtures import PROVIDER_APIS
 from vk_provider.domain.contract import Provider
@@ -148,6 +150,11 @@ _LOWEST = re.compile(
 )
 
 
+def _v1(pod: JSON) -> JSON:
+    """A stored pod as REST v1 answers it: v1's Pod has no ``runtime`` (GraphQL's has)."""
+    return {key: value for key, value in pod.items() if key != "runtime"}
+
+
 @dataclass
 class _Failure:
     response: httpx.Response | Exception
@@ -258,6 +265,13 @@ class FakeRunPod:
             return injected
         query = str(json.loads(request.content)["query"])
         self.queries.append(query)
+        if "myself" in query:
+            # GraphQL's Pod.runtime: null until the container is up (v1 has no such field).
+            pods = [
+                {"id": p["id"], "desiredStatus": p["desiredStatus"], "runtime": p.get("runtime")}
+                for p in self.pods.values()
+            ]
+            return httpx.Response(200, json={"data": {"myself": {"pods": pods}}})
         aliases = list(_LOWEST.finditer(query))
         gpu_types = []
         for gpu in self.catalogue:
@@ -313,7 +327,7 @@ class FakeRunPod:
         if self.lose_create_answers > 0:
             self.lose_create_answers -= 1
             return v1_error(502, "bad gateway")
-        return httpx.Response(201, json=pod)
+        return httpx.Response(201, json=_v1(pod))
 
     def _list(self, request: httpx.Request) -> httpx.Response:
         if (injected := self._injected("list")) is not None:
@@ -327,7 +341,7 @@ class FakeRunPod:
                 for key in ("name", "desiredStatus", "id")
             )
         ]
-        return httpx.Response(200, json=pods)
+        return httpx.Response(200, json=[_v1(pod) for pod in pods])
 
     def _get(self, request: httpx.Request, pod_id: str) -> httpx.Response:
         if (injected := self._injected("get")) is not None:
@@ -335,7 +349,7 @@ class FakeRunPod:
         pod = self.pods.get(pod_id)
         if pod is None:
             return v1_error(404, "pod not found")
-        return httpx.Response(200, json=pod)
+        return httpx.Response(200, json=_v1(pod))
 
     def _delete(self, request: httpx.Request, pod_id: str) -> httpx.Response:
         if (injected := self._injected("delete")) is not None:
@@ -392,8 +406,12 @@ _NATIVE: dict[str, tuple[JSON, InstanceState]] = {
         {"desiredStatus": "RUNNING"},
         InstanceState.PENDING,
     ),
-    "RUNNING, publicIp assigned": (
+    "RUNNING, publicIp assigned, runtime not up yet": (
         {"desiredStatus": "RUNNING", "publicIp": "100.65.0.119", "portMappings": {"8000": 10341}},
+        InstanceState.PENDING,
+    ),
+    "RUNNING, only HTTP ports and no public IP, runtime up": (
+        {"desiredStatus": "RUNNING", "ports": ["8000/http"], "runtime": {"uptimeInSeconds": 40}},
         InstanceState.RUNNING,
     ),
     "EXITED": ({"desiredStatus": "EXITED"}, InstanceState.EXITED),
@@ -412,7 +430,7 @@ _NATIVE: dict[str, tuple[JSON, InstanceState]] = {
     "v2 ERROR": ({"desiredStatus": "RUNNING", "status": "ERROR"}, InstanceState.LOST),
     "v2 TERMINATED": ({"desiredStatus": "TERMINATED", "status": "TERMINATED"}, InstanceState.LOST),
 }
-_RESET: JSON = {"publicIp": "", "portMappings": {}, "interruptible": False}
+_RESET: JSON = {"publicIp": "", "portMappings": {}, "ports": [], "interruptible": False}
 _DROPPED = ("runtime", "status")
 
 

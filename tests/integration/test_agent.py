@@ -21,7 +21,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
-from providers.local.adapter import inject_loss
+from providers.local.faults import inject_loss
 from tests.helpers import wait_for
 from tests.integration.agent_harness import (
     TOLERATION,

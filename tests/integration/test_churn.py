@@ -23,7 +23,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from providers.local.adapter import clear_faults, inject_loss, set_faults
+from providers.local.faults import clear_faults, inject_loss, set_faults
 from tests.helpers import wait_for
 from tests.integration.agent_harness import TOLERATION, AgentHarness, AgentProcess, local_providers
 from vk_provider.cluster.binaries import ensure_binaries

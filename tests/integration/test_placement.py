@@ -14,7 +14,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
-from providers.local.adapter import set_faults
+from providers.local.faults import set_faults
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, pod_on
 from vk_provider.kube.client import KubeClient

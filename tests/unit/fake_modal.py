@@ -1,4 +1,4 @@
-"""An in-memory fake of ``providers.modal.adapter.SandboxClient``, behaving as Modal does.
+"""An in-memory fake of ``providers.modal.sandbox.SandboxClient``, behaving as Modal does.
 
 What it keeps faithful to Modal (``modal/sandbox.py``):
 - Names are unique among the app's *running* sandboxes (``SandboxNameTaken``); a finished
@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from providers.modal.adapter import SandboxInfo, SandboxNameTaken, SandboxRequest
+from providers.modal.sandbox import SandboxInfo, SandboxNameTaken, SandboxRequest
 from vk_provider.domain.errors import InvalidSpec, NotFound
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")

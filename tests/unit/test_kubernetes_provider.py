@@ -10,6 +10,7 @@ Retries never sleep: the ``RetryPolicy`` records the waits it would have made.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -29,43 +30,40 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from providers.kubernetes.adapter import (
+from providers.kubernetes.adapter import DEFAULT_RETRY, KubernetesProvider
+from providers.kubernetes.config import KubernetesProviderConfig
+from providers.kubernetes.failures import ApiFailure, Call, api_failure, classify_failure
+from providers.kubernetes.kubeconfig import KubeconfigError, load_kubeconfig
+from providers.kubernetes.logs import LineSplitter, log_params
+from providers.kubernetes.manifests import build_pod, build_secret
+from providers.kubernetes.names import (
     ANN_ATTEMPT,
     ANN_OFFER,
     ANN_POD_UID,
     ANN_PRICE,
-    GPU_RESOURCE,
     LABEL_ATTEMPT,
     LABEL_MANAGED_BY,
     LABEL_POD_UID,
+    label_value,
+    pod_name,
+)
+from providers.kubernetes.offers import (
+    GPU_RESOURCE,
     REGION_LABEL,
-    ApiFailure,
-    Call,
-    KubeconfigError,
-    KubernetesProvider,
-    LineSplitter,
-    MalformedResponse,
     NodeCapacity,
     OfferScope,
     Resources,
-    RetryPolicy,
     Shape,
-    api_failure,
-    build_pod,
-    build_secret,
-    classify_failure,
-    label_value,
-    log_params,
     node_capacities,
-    observe,
-    parse_instance,
-    parse_kubeconfig,
-    parse_quantity,
     plan_offers,
-    pod_name,
     pod_requests,
+    read_quantity,
 )
-from providers.kubernetes.config import KubernetesProviderConfig
+from providers.kubernetes.states import observe, parse_instance
+from providers.payload import MalformedResponse
+from providers.transport import Redactor
+from tests.unit import canary
+from vk_provider.domain.breaker import counts_as_failure
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -380,7 +378,9 @@ async def provider(
     fake: FakeApi, sleeps: Sleeps, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[KubernetesProvider]:
     adapter = KubernetesProvider(
-        _config(monkeypatch), transport=fake.transport(), retry=RetryPolicy(sleep=sleeps)
+        _config(monkeypatch),
+        transport=fake.transport(),
+        retry=dataclasses.replace(DEFAULT_RETRY, sleep=sleeps),
     )
     try:
         yield adapter
@@ -437,10 +437,13 @@ def test_the_current_context_picks_server_ca_and_client_certificate(tmp_path: Pa
         {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)},
         cluster={"server": SERVER + "/", "certificate-authority-data": _b64(ca)},
     )
-    access = parse_kubeconfig(text)
+    access = load_kubeconfig(text)
     assert access.server == SERVER
     assert access.context == "b"
-    assert (access.ca_pem, access.client_cert_pem, access.client_key_pem) == (ca, cert, key)
+    # The loader's CA and client certificate are what the TLS context was built from.
+    assert [c["subject"] for c in access.ssl_context().get_ca_certs()] == [
+        ((("commonName", "test-ca"),),)
+    ]
     assert access.token is None
     assert access.headers() == {}
 
@@ -456,7 +459,7 @@ def test_the_ssl_context_loads_the_certificates_and_leaves_no_files(
         {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)},
         cluster={"server": SERVER, "certificate-authority-data": _b64(ca)},
     )
-    context = parse_kubeconfig(text).ssl_context()
+    context = load_kubeconfig(text).ssl_context()
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert context.check_hostname
     assert [c["subject"] for c in context.get_ca_certs()] == [((("commonName", "test-ca"),),)]
@@ -472,16 +475,36 @@ def test_file_paths_are_read_beside_the_kubeconfig(tmp_path: Path) -> None:
         {"client-certificate": "me.crt", "client-key": str(tmp_path / "me.key")},
         cluster={"server": SERVER, "certificate-authority": "ca.crt"},
     )
-    access = parse_kubeconfig(text, base_dir=tmp_path)
-    assert (access.ca_pem, access.client_cert_pem, access.client_key_pem) == (ca, cert, key)
+    access = load_kubeconfig(text, base_dir=tmp_path)
+    assert [c["subject"] for c in access.ssl_context().get_ca_certs()] == [
+        ((("commonName", "test-ca"),),)
+    ]
+
+
+def test_the_client_key_is_a_credential_to_redact_in_any_form() -> None:
+    ca, cert, key = _pki()
+    text = _kubeconfig(
+        {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)},
+        cluster={"server": SERVER, "certificate-authority-data": _b64(ca)},
+    )
+    access = load_kubeconfig(text)
+    assert key.decode().strip() in access.secrets
+    assert key.decode() not in repr(access)
+    redact = Redactor(access.secrets)
+    pem_line = key.decode().splitlines()[1]  # one line of a multi-line key
+    body_lines = [line for line in key.decode().splitlines() if not line.startswith("-----")]
+    for echoed in (key.decode(), _b64(key), json.dumps(key.decode()), pem_line):
+        out = redact(f"server said: {echoed}")
+        assert "<redacted>" in out and _b64(key) not in out
+        assert not any(line in out for line in body_lines)
 
 
 def test_a_token_or_token_file_is_a_bearer_header(tmp_path: Path) -> None:
-    access = parse_kubeconfig(_kubeconfig({"token": TOKEN}))
+    access = load_kubeconfig(_kubeconfig({"token": TOKEN}))
     assert access.headers() == {"Authorization": f"Bearer {TOKEN}"}
     assert TOKEN not in repr(access)
     (tmp_path / "token").write_text(TOKEN + "\n")
-    from_file = parse_kubeconfig(_kubeconfig({"tokenFile": "token"}), base_dir=tmp_path)
+    from_file = load_kubeconfig(_kubeconfig({"tokenFile": "token"}), base_dir=tmp_path)
     assert from_file.token == TOKEN
 
 
@@ -489,12 +512,12 @@ def test_insecure_skip_tls_verify_turns_verification_off() -> None:
     text = _kubeconfig(
         {"token": TOKEN}, cluster={"server": SERVER, "insecure-skip-tls-verify": True}
     )
-    context = parse_kubeconfig(text).ssl_context()
+    context = load_kubeconfig(text).ssl_context()
     assert context.verify_mode == ssl.CERT_NONE
 
 
 def test_another_context_can_be_chosen() -> None:
-    assert parse_kubeconfig(_kubeconfig({"token": TOKEN}), context="other").token == "not-this-one"
+    assert load_kubeconfig(_kubeconfig({"token": TOKEN}), context="other").token == "not-this-one"
 
 
 @pytest.mark.parametrize(
@@ -503,7 +526,7 @@ def test_another_context_can_be_chosen() -> None:
         ({"exec": {"command": "aws"}}, {}, "users['me'].exec is not supported"),
         ({"auth-provider": {"name": "gcp"}}, {}, "auth-provider is not supported"),
         ({"client-certificate-data": _b64(b"x")}, {}, "needs both a client certificate"),
-        ({"client-key-data": "%%%"}, {}, "client-key-data is not base64"),
+        ({"client-key-data": _b64(b"k")}, {}, "needs both a client certificate"),
         ({"token": TOKEN}, {"current-context": "nowhere"}, "no entry 'nowhere' in 'contexts'"),
         ({"token": TOKEN}, {"current-context": None}, "'current-context' is not set"),
         ({"client-certificate": "/nonexistent/me.crt"}, {}, "cannot read /nonexistent/me.crt"),
@@ -511,18 +534,18 @@ def test_another_context_can_be_chosen() -> None:
 )
 def test_unusable_kubeconfigs_name_the_field(user: JSON, extra: JSON, expected: str) -> None:
     with pytest.raises(KubeconfigError, match=re.escape(expected)) as raised:
-        parse_kubeconfig(_kubeconfig(user, extra=extra))
+        load_kubeconfig(_kubeconfig(user, extra=extra))
     assert isinstance(raised.value, ConfigError)
 
 
 def test_kubeconfig_errors_never_quote_the_document() -> None:
     broken = f"users:\n- name: me\n  user: {{token: {TOKEN}\n"
     with pytest.raises(KubeconfigError) as raised:
-        parse_kubeconfig(broken)
+        load_kubeconfig(broken)
     assert TOKEN not in str(raised.value)
     assert "line" in str(raised.value)
     with pytest.raises(KubeconfigError, match="server is not a URL"):
-        parse_kubeconfig(_kubeconfig({"token": TOKEN}, cluster={"server": "b.test"}))
+        load_kubeconfig(_kubeconfig({"token": TOKEN}, cluster={"server": "b.test"}))
 
 
 def test_a_ca_that_is_not_pem_is_a_config_error() -> None:
@@ -530,7 +553,7 @@ def test_a_ca_that_is_not_pem_is_a_config_error() -> None:
         {"token": TOKEN}, cluster={"server": SERVER, "certificate-authority-data": _b64(b"nope")}
     )
     with pytest.raises(KubeconfigError, match="not PEM"):
-        parse_kubeconfig(text).ssl_context()
+        load_kubeconfig(text).ssl_context()
 
 
 # --- quantities, names, skus ----------------------------------------------------------------
@@ -551,13 +574,13 @@ def test_a_ca_that_is_not_pem_is_a_config_error() -> None:
     ],
 )
 def test_quantities(text: str | int, value: Decimal) -> None:
-    assert parse_quantity(text) == value
+    assert read_quantity(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "abc", "1Xi", None, True, "1.2.3"])
 def test_unreadable_quantities_are_malformed(text: object) -> None:
     with pytest.raises(MalformedResponse):
-        parse_quantity(text)
+        read_quantity(text)
 
 
 def test_pod_names_are_deterministic_dns_labels() -> None:
@@ -1252,25 +1275,32 @@ async def test_a_pod_of_that_name_made_for_something_else_is_refused(
         await provider.create(_spec(), _offer())
 
 
-async def test_the_namespace_is_made_when_missing(
+async def test_a_missing_namespace_is_named_never_created_and_spares_the_breaker(
     monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
 ) -> None:
     fake.namespaces.clear()
     adapter = KubernetesProvider(
-        _config(monkeypatch), transport=fake.transport(), retry=RetryPolicy(sleep=sleeps)
+        _config(monkeypatch),
+        transport=fake.transport(),
+        retry=dataclasses.replace(DEFAULT_RETRY, sleep=sleeps),
     )
+    secret = EnvVar("TOKEN", "s3cr3t-value", secret=True)
     try:
-        await adapter.create(_spec(), _offer())
+        with pytest.raises(CapacityUnavailable) as raised:
+            await adapter.create(_spec(), _offer())
+        with pytest.raises(CapacityUnavailable):
+            await adapter.create(_spec(attempt=1, env=(secret,)), _offer())
     finally:
         await adapter.close()
+    message = str(raised.value)
+    assert f"namespace {NAMESPACE!r} does not exist" in message
+    assert "create/get/list/delete pods" in message and "never creates namespaces" in message
+    # Never creates the namespace nor reads its ServiceAccount (rights nobody was granted).
     assert fake.calls() == [
         f"POST /api/v1/namespaces/{NAMESPACE}/pods",
-        "POST /api/v1/namespaces",
-        f"GET /api/v1/namespaces/{NAMESPACE}/serviceaccounts/default",
-        f"POST /api/v1/namespaces/{NAMESPACE}/pods",
+        f"POST /api/v1/namespaces/{NAMESPACE}/secrets",
     ]
-    namespace = json.loads(fake.requests[1].content)
-    assert namespace["metadata"] == {"name": NAMESPACE, "labels": {LABEL_MANAGED_BY: PROVIDER}}
+    assert not counts_as_failure(raised.value)  # the provider answers; it is only not set up
 
 
 async def test_secret_first_then_pod_then_owner(
@@ -1573,3 +1603,101 @@ async def test_the_provider_reads_a_kubeconfig_file_with_relative_paths(
     kubeconfig.write_text(_kubeconfig({"exec": {"command": "aws"}}))
     with pytest.raises(ConfigError, match="exec is not supported"):
         KubernetesProvider(config)
+
+
+# --- redaction: canaries through every error path ----------------------------------------
+
+
+def _canary_answers() -> dict[str, httpx.Response | Exception]:
+    text = canary.echo()
+    return {
+        "status 422": _status(422, "Invalid", text, causes=[{"field": "spec", "message": text}]),
+        "status 500": _status(500, "InternalError", text),
+        "long 403": _status(403, "Forbidden", "x" * 490 + " " + canary.KEY),
+        "text 503": httpx.Response(503, text=text),
+        "malformed": httpx.Response(200, content=b"<html>" + text.encode()),
+        "transport": httpx.ConnectError(f"proxy refused: {text}"),
+    }
+
+
+_KUBE_ROUTES = {
+    "offers": ("GET", "/api/v1/nodes"),
+    "create-secret": ("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets"),
+    "create-pod": ("POST", f"/api/v1/namespaces/{NAMESPACE}/pods"),
+    "create-owner": ("PATCH", f"/api/v1/namespaces/{NAMESPACE}/secrets/"),
+    "list": ("GET", f"/api/v1/namespaces/{NAMESPACE}/pods"),
+    "get": ("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/"),
+    "delete": ("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/"),
+    "logs": ("GET", "/log"),
+}
+
+
+@pytest.mark.parametrize("answer", list(_canary_answers()))
+@pytest.mark.parametrize("operation", list(_KUBE_ROUTES))
+async def test_no_canary_leaks_from_any_error_path(
+    operation: str,
+    answer: str,
+    fake: FakeApi,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if (operation, answer) == ("logs", "malformed"):
+        pytest.skip("a 200 log answer is the container's own output, not an error")
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("VK_TEST_KUBECONFIG_B", _kubeconfig({"token": canary.KEY}))
+    config = KubernetesProviderConfig.model_validate(
+        {
+            "type": "kubernetes",
+            "name": PROVIDER,
+            "kubeconfig": "env:VK_TEST_KUBECONFIG_B",
+            "namespace": NAMESPACE,
+        }
+    )
+    adapter = KubernetesProvider(
+        config,
+        transport=fake.transport(),
+        retry=dataclasses.replace(DEFAULT_RETRY, attempts=2, sleep=Sleeps()),
+    )
+    created = await adapter.create(_spec(attempt=5), _offer())
+    method, path = _KUBE_ROUTES[operation]
+    reply = _canary_answers()[answer]
+
+    def inject(request: httpx.Request) -> httpx.Response | None:
+        matches = request.method == method and (
+            request.url.path == path
+            if not path.endswith("/") and operation != "logs"
+            else (
+                request.url.path.endswith(path)
+                if operation == "logs"
+                else request.url.path.startswith(path) and not request.url.path.endswith("/log")
+            )
+        )
+        if not matches:
+            return None
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    fake.overrides.append(inject)
+    workload = _spec(env=(EnvVar("HF_TOKEN", canary.SECRET, secret=True),))
+    returned: list[object] = []
+    error: BaseException | None = None
+    try:
+        if operation == "offers":
+            returned.append(await adapter.offers())
+        elif operation.startswith("create"):
+            returned.append(await adapter.create(workload, _offer()))
+        elif operation == "list":
+            returned.append(await adapter.list_ours())
+        elif operation == "get":
+            returned.append(await adapter.get(created.instance_id))
+        elif operation == "delete":
+            returned.append(await adapter.delete(created.instance_id, grace_seconds=0))
+        else:
+            returned.append([c async for c in adapter.logs(created.instance_id, LogOptions())])
+    except ProviderError as exc:
+        error = exc
+    finally:
+        await adapter.close()
+    values = (canary.KEY, canary.SECRET) if operation.startswith("create") else (canary.KEY,)
+    canary.assert_clean(error=error, records=caplog.records, returned=returned, values=values)

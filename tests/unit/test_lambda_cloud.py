@@ -22,22 +22,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.lambda_cloud.adapter import (
-    LAUNCH_VISIBILITY_SECONDS,
+from providers.lambda_cloud.adapter import LAUNCH_VISIBILITY_SECONDS, LambdaCloudProvider
+from providers.lambda_cloud.envelope import classify_failure
+from providers.lambda_cloud.instances import (
     STATES,
     TAG_MANAGED,
     TAG_POD_UID,
     TAG_PROVIDER,
     TAG_REQUEST_ID,
-    LambdaCloudProvider,
-    RateLimiter,
-    RetryPolicy,
-    canonical_gpu,
-    classify_failure,
-    gpu_memory_gib,
-    parse_offers,
-    parse_retry_after,
 )
+from providers.lambda_cloud.offers import canonical_gpu, gpu_memory_gib, parse_offers
+from providers.lambda_cloud.ratelimit import RateLimiter
+from providers.transport import RetryPolicy, parse_retry_after
 from tests.contract.harness_lambda import (
     API_KEY,
     FAILURES,
@@ -50,6 +46,7 @@ from tests.contract.harness_lambda import (
     openapi,
     spec_path,
 )
+from tests.unit import canary
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -539,12 +536,12 @@ class FlakyTransport(httpx.AsyncBaseTransport):
 
     def __init__(self, inner: httpx.AsyncBaseTransport, only: str | None = None) -> None:
         self._inner = inner
-        self._only = only
+        self.only = only
         self.errors: list[Exception] = []
         self.raised = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self.errors and (self._only is None or request.url.path.endswith(self._only)):
+        if self.errors and (self.only is None or request.url.path.endswith(self.only)):
             self.raised += 1
             raise self.errors.pop(0)
         return await self._inner.handle_async_request(request)
@@ -558,7 +555,9 @@ def flaky_provider(
         transport=transport,
         clock=clock,
         sleep=clock.sleep,
-        retry=RetryPolicy(attempts=3, first_wait=0.5, max_wait=2.0),
+        retry=RetryPolicy(
+            attempts=3, backoff_seconds=0.5, max_backoff_seconds=2.0, max_retry_after_seconds=30.0
+        ),
     )
 
 
@@ -898,3 +897,101 @@ def _no_real_sleep(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(asyncio, "sleep", guarded)
     yield
+
+
+# --- redaction: canaries through every error path ----------------------------------------
+
+
+def _canary_failures() -> dict[str, tuple[int, bytes] | Exception]:
+    text = canary.echo()
+    lambda_error = {
+        "error": {"code": "global/invalid-parameters", "message": text, "suggestion": text}
+    }
+    return {
+        "lambda error 400": (400, json.dumps(lambda_error).encode()),
+        "lambda error 500": (
+            500,
+            json.dumps({"error": {"code": "global/internal-error", "message": text}}).encode(),
+        ),
+        "long 401": (
+            401,
+            json.dumps(
+                {
+                    "error": {
+                        "code": "global/invalid-api-key",
+                        "message": "x" * 285 + " " + canary.KEY,
+                    }
+                }
+            ).encode(),
+        ),
+        "text 503": (503, text.encode()),
+        "malformed": (200, b"<html>" + text.encode()),
+        "transport": httpx.ConnectError(f"proxy refused: {text}"),
+    }
+
+
+@pytest.mark.parametrize("failure", list(_canary_failures()))
+@pytest.mark.parametrize(
+    "operation", ["offers", "create", "create-lookup", "list", "get", "delete"]
+)
+async def test_no_canary_leaks_from_any_error_path(
+    operation: str,
+    failure: str,
+    fake: FakeLambda,
+    clock: FakeClock,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    key_file = tmp_path / "canary-key"
+    key_file.write_text(canary.KEY + "\n")
+    endpoint = {
+        "offers": "instance-types",
+        "create": "launch",
+        "create-lookup": "list",
+        "list": "list",
+        "get": "get",
+        "delete": "terminate",
+    }[operation]
+    answer = _canary_failures()[failure]
+    transport = FlakyTransport(fake.transport, only=None)
+    adapter = LambdaCloudProvider(
+        make_config(key_file),
+        transport=transport,
+        clock=clock,
+        sleep=clock.sleep,
+        retry=RetryPolicy(attempts=2, backoff_seconds=0.5, max_backoff_seconds=2.0),
+    )
+    instance_id = fake.add_instance(tags=ours(attempt=7))
+    offer = await a10(adapter)
+    workload = make_spec(env=(EnvVar("HF_TOKEN", canary.SECRET, secret=True),))
+    if isinstance(answer, Exception):
+        transport.only = {
+            "instance-types": "/instance-types",
+            "launch": "/launch",
+            "list": "/instances",
+            "get": f"/instances/{instance_id}",
+            "terminate": "/terminate",
+        }[endpoint]
+        transport.errors += [answer] * 5
+    else:
+        fake.fail(endpoint, answer[0], answer[1], times=None)
+    returned: list[object] = []
+    error: BaseException | None = None
+    try:
+        if operation == "offers":
+            returned.append(await adapter.offers())
+        elif operation.startswith("create"):
+            returned.append(await adapter.create(workload, offer))
+        elif operation == "list":
+            returned.append(await adapter.list_ours())
+        elif operation == "get":
+            returned.append(await adapter.get(instance_id))
+        else:
+            returned.append(await adapter.delete(instance_id, grace_seconds=0))
+    except ProviderError as exc:
+        error = exc
+    finally:
+        await adapter.close()
+    values = (canary.KEY, canary.SECRET) if operation.startswith("create") else (canary.KEY,)
+    canary.assert_clean(error=error, records=caplog.records, returned=returned, values=values)

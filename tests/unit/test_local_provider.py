@@ -19,17 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from providers.local.adapter import (
-    INSTANCE_FILE,
-    LocalProvider,
-    LocalProviderDisabled,
-    inject_loss,
-    parse_cri_line,
-    select_history,
-    set_faults,
-)
+from providers.local.adapter import LocalProvider, LocalProviderDisabled
 from providers.local.config import LocalFaults, LocalProviderConfig
+from providers.local.faults import inject_loss, set_faults
+from providers.local.logs import parse_cri_line, select_history
 from providers.local.processes import ProcessRecord, is_running, stop_process
+from providers.local.records import INSTANCE_FILE
 from providers.simulated import SimulatedOffer
 from tests.helpers import wait_for
 from vk_provider.domain.contract import Provider

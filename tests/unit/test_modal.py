@@ -8,6 +8,7 @@ No test needs the ``modal`` package: ``ModalProvider`` runs on ``FakeSandboxClie
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -17,23 +18,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tenacity import wait_none
 
-from providers.modal.adapter import (
+from providers.modal.adapter import CREATE_TIMEOUT_SECONDS, DEFAULT_RETRY, ModalProvider
+from providers.modal.catalogue import modal_gpu_string, offer_sku
+from providers.modal.config import ModalProviderConfig
+from providers.modal.identity import (
     ATTEMPT_TAG,
     MANAGED_BY_TAG,
     POD_UID_TAG,
     TERMINATE_TAG,
-    ModalProvider,
-    SandboxInfo,
-    SandboxNameTaken,
-    SandboxRequest,
-    modal_gpu_string,
-    offer_sku,
     sandbox_name,
     sandbox_state,
 )
-from providers.modal.config import ModalProviderConfig
+from providers.modal.sandbox import (
+    SCHEDULING_WAIT_SECONDS,
+    SandboxInfo,
+    SandboxNameTaken,
+    SandboxRequest,
+)
+from providers.transport import RetryPolicy
+from tests.unit import canary
 from tests.unit.fake_modal import FakeSandboxClient
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
@@ -50,6 +54,8 @@ from vk_provider.settings.secrets import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-very-secret-value"
+# Retries at once: the tests count calls, not seconds.
+NO_WAIT = RetryPolicy(attempts=4, backoff_seconds=0.0, max_backoff_seconds=0.0)
 
 
 def make_config(**overrides: object) -> ModalProviderConfig:
@@ -90,7 +96,7 @@ def fake() -> FakeSandboxClient:
 
 @pytest.fixture
 def provider(fake: FakeSandboxClient) -> ModalProvider:
-    return ModalProvider(make_config(), client=fake, retry_wait=wait_none())
+    return ModalProvider(make_config(), client=fake, retry=NO_WAIT)
 
 
 async def offer_of(provider: ModalProvider, sku: str) -> Offer:
@@ -475,8 +481,7 @@ async def test_a_call_that_never_answers_is_transient(fake: FakeSandboxClient) -
     provider = ModalProvider(
         make_config(timeout_seconds=0.01),
         client=Hanging(),
-        retry_attempts=2,
-        retry_wait=wait_none(),
+        retry=dataclasses.replace(NO_WAIT, attempts=2),
     )
     with pytest.raises(Transient, match="no answer"):
         await provider.list_ours()
@@ -491,15 +496,8 @@ async def test_a_stray_exception_from_a_client_still_leaves_as_a_provider_error(
 
 
 def test_rate_limits_wait_as_long_as_asked() -> None:
-    from tenacity import RetryCallState, Retrying
-
-    from providers.modal.adapter import _default_wait
-
-    state = RetryCallState(Retrying(), None, (), {})
-    state.set_exception((RateLimited, RateLimited("x", retry_after=7.0), None))
-    assert _default_wait(state) == 7.0
-    state.set_exception((Transient, Transient("x"), None))
-    assert 0 <= _default_wait(state) <= 30
+    assert DEFAULT_RETRY.wait_seconds(RateLimited("x", retry_after=7.0), 1) == 7.0
+    assert 0 <= DEFAULT_RETRY.wait_seconds(Transient("x"), 1) <= 30
 
 
 # --- secrets ---------------------------------------------------------------------------------
@@ -870,3 +868,104 @@ async def test_the_real_client_reports_missing_credentials_without_values(
     with pytest.raises(AuthFailed, match="TEST_MODAL_TOKEN_SECRET") as raised:
         await ModalSandboxClient(make_config()).get("sb-0")
     assert "ak-id" not in str(raised.value)
+
+
+# --- GPU shortage: the SDK's wait, then CapacityUnavailable ---------------------------------
+
+
+async def test_the_create_deadline_outlasts_the_sdks_scheduling_wait(
+    provider: ModalProvider, fake: FakeSandboxClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Modal's Sandbox.create waits up to 21 minutes for a GPU before it says "insufficient
+    # capacity"; a deadline of ours shorter than that turns a shortage into a retried timeout.
+    bounds: list[float | None] = []
+    real_timeout = asyncio.timeout
+
+    def recording_timeout(delay: float | None) -> asyncio.Timeout:
+        bounds.append(delay)
+        return real_timeout(delay)
+
+    monkeypatch.setattr(asyncio, "timeout", recording_timeout)
+    await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    assert bounds and max(b or 0.0 for b in bounds) > SCHEDULING_WAIT_SECONDS >= 21 * 60
+    assert CREATE_TIMEOUT_SECONDS > SCHEDULING_WAIT_SECONDS
+
+
+async def test_a_gpu_shortage_from_the_sdk_is_capacity_unavailable_at_once(
+    sdk: StubModal,
+) -> None:
+    sdk.create_error = EXC.ResourceExhaustedError("Insufficient capacity to create sandbox.")
+    provider = ModalProvider(make_config(), retry=NO_WAIT)
+    try:
+        offer = next(o for o in await provider.offers() if o.sku == "h100-x1")
+        with pytest.raises(CapacityUnavailable, match="Insufficient capacity"):
+            await provider.create(make_spec(), offer)
+    finally:
+        await provider.close()
+    assert sum(1 for call in sdk.calls if call[0] == "create") == 1  # blocked, not retried
+
+
+# --- redaction: canaries through every error path ----------------------------------------
+
+
+def _canary_errors() -> dict[str, Exception]:
+    text = canary.echo()
+    return {
+        "capacity": CapacityUnavailable(f"modal create: {text}"),
+        "transient": Transient(f"modal call: {text}"),
+        "invalid": InvalidSpec(f"modal call: {text}"),
+        "long": Transient("modal call: " + "x" * 285 + " " + canary.KEY),
+        "stray": RuntimeError(f"grpc said: {text}"),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_canary_errors()))
+@pytest.mark.parametrize(
+    "operation", ["offers", "create", "create-existing", "get", "delete", "terminate", "logs"]
+)
+async def test_no_canary_leaks_from_any_error_path(
+    operation: str,
+    kind: str,
+    fake: FakeSandboxClient,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("TEST_MODAL_TOKEN_SECRET", canary.KEY)
+    provider = ModalProvider(
+        make_config(), client=fake, retry=dataclasses.replace(NO_WAIT, attempts=2)
+    )
+    offer = await offer_of(provider, "h100-x1")
+    created = await provider.create(make_spec(attempt=4), offer)
+    workload = make_spec(env=(EnvVar("HF_TOKEN", canary.SECRET, secret=True),))
+    if operation == "create-existing":
+        await provider.create(workload, offer)  # the name is taken from now on
+    route = {
+        "offers": "list",
+        "create": "create",
+        "create-existing": "from_name",
+        "get": "get",
+        "delete": "set_tags",
+        "terminate": "terminate",
+        "logs": "logs",
+    }[operation]
+    fake.fail(route, _canary_errors()[kind], times=100)
+    returned: list[object] = []
+    error: BaseException | None = None
+    try:
+        if operation == "offers":
+            returned.append(await provider.offers())
+        elif operation.startswith("create"):
+            returned.append(await provider.create(workload, offer))
+        elif operation == "get":
+            returned.append(await provider.get(created.instance_id))
+        elif operation in ("delete", "terminate"):
+            returned.append(await provider.delete(created.instance_id, grace_seconds=0))
+        else:
+            returned.append([c async for c in provider.logs(created.instance_id, LogOptions())])
+    except ProviderError as exc:
+        error = exc
+    finally:
+        await provider.close()
+    values = (canary.KEY, canary.SECRET) if operation.startswith("create") else (canary.KEY,)
+    canary.assert_clean(error=error, records=caplog.records, returned=returned, values=values)

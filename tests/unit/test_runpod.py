@@ -20,28 +20,28 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.runpod.adapter import (
+from providers.runpod.adapter import RunPodProvider
+from providers.runpod.failures import Operation, classify_failure, error_detail
+from providers.runpod.gpus import CREATE_GPU_TYPE_IDS, canonical_gpu_name
+from providers.runpod.logs import SseDecoder
+from providers.runpod.offers import (
+    OfferScope,
+    Sku,
+    offers_query,
+    parse_offers,
+    refused_gpu_types,
+    stock_to_available,
+)
+from providers.runpod.pods import (
     ENV_POD_UID,
     ENV_REQUEST_ID,
     Lifecycle,
-    OfferScope,
-    Operation,
-    RetryPolicy,
-    RunPodProvider,
-    Sku,
-    SseDecoder,
     build_create_body,
-    canonical_gpu_name,
-    classify_failure,
-    error_detail,
     instance_state,
     lifecycle_of,
-    offers_query,
     owner_of,
-    parse_offers,
-    parse_retry_after,
-    stock_to_available,
 )
+from providers.transport import RetryPolicy, parse_retry_after
 from tests.contract.harness_runpod import (
     API_KEY,
     CAPACITY_MESSAGE,
@@ -57,6 +57,7 @@ from tests.contract.harness_runpod import (
     v1_error,
     v1_validator,
 )
+from tests.unit import canary
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -192,7 +193,7 @@ def test_gpu_name_mapping_never_crashes(name: str) -> None:
     spot=st.booleans(),
 )
 def test_sku_round_trips(gpu: str, count: int, cloud: str, spot: bool) -> None:
-    from providers.runpod.adapter import CloudType
+    from providers.runpod.offers import CloudType
 
     sku = Sku(gpu, count, CloudType(cloud), spot)
     assert Sku.parse(sku.encode()) == sku
@@ -209,7 +210,7 @@ def test_foreign_skus_do_not_parse(text: str) -> None:
 
 
 def _scope(**fields: Any) -> OfferScope:
-    from providers.runpod.adapter import CloudType
+    from providers.runpod.offers import CloudType
 
     values: dict[str, Any] = {
         "provider": "rp",
@@ -288,7 +289,9 @@ def test_null_stock_status_means_none_available() -> None:
 
 
 def test_unknown_gpu_types_are_offered_under_a_normalised_name() -> None:
-    offers = {o.sku: o for o in parse_offers(GPU_TYPES, _scope())}
+    # Create accepts it (as a newer v1 document may list): offered under a stable name.
+    accepted = CREATE_GPU_TYPE_IDS | {"Mystery Accelerator 9000"}
+    offers = {o.sku: o for o in parse_offers(GPU_TYPES, _scope(create_gpu_ids=accepted))}
     mystery = offers["secure:on-demand:1x:Mystery Accelerator 9000"]
     assert mystery.gpu_model == "MYSTERY-ACCELERATOR-9000"
     assert mystery.available == 0  # no lowestPrice answer: no stock known
@@ -314,7 +317,7 @@ def test_stock_status_maps_to_available(stock: str | None, available: int) -> No
 
 
 def test_the_query_asks_each_count_cloud_and_region_once() -> None:
-    from providers.runpod.adapter import CloudType
+    from providers.runpod.offers import CloudType
 
     query = offers_query(
         _scope(clouds=(CloudType.SECURE, CloudType.COMMUNITY), regions=("EU-RO-1", "US-TX-3"))
@@ -760,8 +763,9 @@ def test_error_detail(body: str, detail: str) -> None:
         ({"desiredStatus": "RUNNING", "runtime": None}, Lifecycle.STARTING),
         ({"desiredStatus": "RUNNING", "runtime": {"uptimeInSeconds": 3}}, Lifecycle.RUNNING),
         ({"desiredStatus": "RUNNING", "publicIp": "", "portMappings": {}}, Lifecycle.STARTING),
-        ({"desiredStatus": "RUNNING", "publicIp": "100.65.0.119"}, Lifecycle.RUNNING),
-        ({"desiredStatus": "RUNNING", "portMappings": {"22": 10341}}, Lifecycle.RUNNING),
+        # v1 fields are no proof that the container runs: only GraphQL's runtime is.
+        ({"desiredStatus": "RUNNING", "publicIp": "100.65.0.119"}, Lifecycle.STARTING),
+        ({"desiredStatus": "RUNNING", "portMappings": {"22": 10341}}, Lifecycle.STARTING),
         ({"desiredStatus": "EXITED"}, Lifecycle.EXITED),
         ({"desiredStatus": "TERMINATED"}, Lifecycle.TERMINATED),
         ({"desiredStatus": "RUNNING", "status": "PROVISIONING"}, Lifecycle.PROVISIONING),
@@ -800,7 +804,7 @@ def test_state_table(
 
 @pytest.mark.parametrize("desired", [None, "PAUSED", 3])
 def test_an_unknown_desired_status_is_malformed(desired: object) -> None:
-    from providers.runpod.adapter import MalformedResponse
+    from providers.payload import MalformedResponse
 
     with pytest.raises(MalformedResponse, match="desiredStatus"):
         lifecycle_of({"desiredStatus": desired})
@@ -894,11 +898,86 @@ async def test_get_reports_what_runpod_says(provider: RunPodProvider, fake: Fake
         portMappings={"8000": 10341},
         costPerHr="0.74",  # the v1 document's example spells the price as a string
         lastStartedAt="2026-03-13T20:01:02.144Z",
+        runtime={"uptimeInSeconds": 62},  # GraphQL's: the container is up
     )
     got = await provider.get(created.instance_id)
     assert got.state is InstanceState.RUNNING and got.ip == "100.65.0.119"
     assert got.price_per_hour == pytest.approx(0.74)
     assert got.started_at == datetime(2026, 3, 13, 20, 1, 2, 144000, tzinfo=UTC)
+
+
+async def test_a_running_pod_with_only_http_ports_and_no_public_ip_reads_running(
+    provider: RunPodProvider, fake: FakeRunPod
+) -> None:
+    created = await provider.create(spec(), offer())
+    # v1 shows no public IP and no port mapping; GraphQL's runtime says the container is up.
+    fake.set_fields(
+        created.instance_id,
+        publicIp="",
+        portMappings={},
+        ports=["8000/http"],
+        runtime={"uptimeInSeconds": 40},
+    )
+    assert (await provider.get(created.instance_id)).state is InstanceState.RUNNING
+    assert [i.state for i in await provider.list_ours()] == [InstanceState.RUNNING]
+    assert any("runtime" in query for query in fake.queries)
+
+
+async def test_a_pod_with_a_public_ip_whose_container_is_not_up_is_pending(
+    provider: RunPodProvider, fake: FakeRunPod
+) -> None:
+    created = await provider.create(spec(), offer())
+    fake.set_fields(
+        created.instance_id, publicIp="100.65.0.119", portMappings={"8000": 10341}, runtime=None
+    )
+    assert (await provider.get(created.instance_id)).state is InstanceState.PENDING
+    assert [i.state for i in await provider.list_ours()] == [InstanceState.PENDING]
+
+
+async def test_the_runtime_is_asked_once_per_list_and_not_for_settled_pods(
+    provider: RunPodProvider, fake: FakeRunPod
+) -> None:
+    first = await provider.create(spec(), offer())
+    await provider.create(spec(attempt=1), offer())
+    before = len(fake.queries)
+    await provider.list_ours()
+    assert len(fake.queries) == before + 1  # one GraphQL question for every pod
+    fake.set_fields(first.instance_id, desiredStatus="EXITED")
+    for pod_id in list(fake.pods):
+        fake.set_fields(pod_id, desiredStatus="EXITED")
+    before = len(fake.queries)
+    await provider.list_ours()
+    assert len(fake.queries) == before  # no RUNNING pod: nothing to ask
+
+
+def test_create_gpu_type_ids_are_those_of_the_v1_document() -> None:
+    schema = v1_document()["components"]["schemas"]["PodCreateInput"]
+    assert set(schema["properties"]["gpuTypeIds"]["items"]["enum"]) == CREATE_GPU_TYPE_IDS
+
+
+def test_gpu_types_create_would_refuse_are_not_offered() -> None:
+    offers = parse_offers(GPU_TYPES, _scope())
+    assert not any("Mystery Accelerator 9000" in o.sku for o in offers)
+    assert refused_gpu_types(GPU_TYPES, _scope()) == ["Mystery Accelerator 9000"]
+    narrowed = _scope(gpu_types=frozenset({"NVIDIA L40S"}))
+    assert refused_gpu_types(GPU_TYPES, narrowed) == []
+
+
+async def test_refused_gpu_types_are_dropped_with_one_warning(
+    fake: FakeRunPod, key_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.catalogue.append(FakeGpu("NVIDIA Future GPU 9", "Future 9", 96, 8, 4.0, 3.5, None, None))
+    adapter = RunPodProvider(make_config(key_file), transport=fake.transport())
+    try:
+        with caplog.at_level(logging.WARNING):
+            first = await adapter.offers()
+            second = await adapter.offers()
+    finally:
+        await adapter.close()
+    for offers in (first, second):
+        assert offers and not any("NVIDIA Future GPU 9" in o.sku for o in offers)
+    warnings = [r for r in caplog.records if "NVIDIA Future GPU 9" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
 
 
 def test_fake_pods_are_valid_v1_pods(fake: FakeRunPod) -> None:
@@ -1122,3 +1201,76 @@ async def test_is_a_provider(provider: RunPodProvider) -> None:
 def test_fake_catalogue_type() -> None:
     assert isinstance(FakeRunPod().catalogue[0], FakeGpu)
     assert REST_URL and GRAPHQL_URL
+
+
+# --- redaction: canaries through every error path ----------------------------------------
+
+_RUNPOD_OPERATIONS = ("offers", "create", "create-lookup", "list", "get", "delete", "logs")
+
+
+def _canary_answers() -> dict[str, Any]:
+    text = canary.echo()
+    return {
+        "json 500": httpx.Response(500, json={"error": text, "message": text}),
+        # Past the 300 characters a message keeps: cut first, a secret would half survive.
+        "long 500": httpx.Response(500, json={"error": "x" * 285 + " " + canary.KEY}),
+        "json 400": httpx.Response(400, json={"title": text, "detail": text}),
+        "text 422": httpx.Response(422, text=text),
+        "graphql errors": httpx.Response(200, json={"errors": [{"message": text}]}),
+        "malformed": httpx.Response(200, content=b"<html>" + text.encode()),
+        "transport": httpx.ConnectError(f"proxy refused: {text}"),
+    }
+
+
+@pytest.mark.parametrize("answer", list(_canary_answers()))
+@pytest.mark.parametrize("operation", _RUNPOD_OPERATIONS)
+async def test_no_canary_leaks_from_any_error_path(
+    operation: str, answer: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    key_file = tmp_path / "canary-key"
+    key_file.write_text(canary.KEY + "\n")
+    fake = FakeRunPod()
+    adapter = RunPodProvider(
+        make_config(key_file, name="rp"),
+        transport=fake.transport(),
+        retry=RetryPolicy(attempts=2, sleep=Sleeps()),
+        log_idle_seconds=0.05,
+        clock=lambda: NOW,
+    )
+    workload = spec(
+        env=(EnvVar("PLAIN", "visible"), EnvVar("HF_TOKEN", canary.SECRET, secret=True))
+    )
+    created = await adapter.create(spec(attempt=9), offer())
+    route = {
+        "offers": "graphql",
+        "create": "create",
+        "create-lookup": "list",
+        "list": "list",
+        "get": "get",
+        "delete": "delete",
+        "logs": "logs",
+    }[operation]
+    fake.fail(route, _canary_answers()[answer], times=None)
+    returned: list[object] = []
+    error: BaseException | None = None
+    try:
+        if operation == "offers":
+            returned.append(await adapter.offers())
+        elif operation.startswith("create"):
+            returned.append(await adapter.create(workload, offer()))
+        elif operation == "list":
+            returned.append(await adapter.list_ours())
+        elif operation == "get":
+            returned.append(await adapter.get(created.instance_id))
+        elif operation == "delete":
+            returned.append(await adapter.delete(created.instance_id, grace_seconds=0))
+        else:
+            returned.append([c async for c in adapter.logs(created.instance_id, LogOptions())])
+    except ProviderError as exc:
+        error = exc
+    finally:
+        await adapter.close()
+    # A spec's secret env values are known to the adapter while it creates that spec.
+    values = (canary.KEY, canary.SECRET) if operation.startswith("create") else (canary.KEY,)
+    canary.assert_clean(error=error, records=caplog.records, returned=returned, values=values)
