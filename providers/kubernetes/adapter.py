@@ -113,7 +113,11 @@ class KubernetesProvider:
         self._config = config
         self._scope = OfferScope.from_config(config)
         self._namespace = config.namespace
-        access = load_kubeconfig(config.kubeconfig.resolve(), base_dir=kubeconfig_base_dir(config))
+        access = load_kubeconfig(
+            config.kubeconfig.resolve(),
+            base_dir=kubeconfig_base_dir(config),
+            allow_insecure_loopback=config.allow_insecure_loopback,
+        )
         self._api = JsonApi(
             provider=config.name,
             label="Kubernetes",

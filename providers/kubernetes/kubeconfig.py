@@ -47,6 +47,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.config.kube_config import ConfigNode, KubeConfigLoader
 
 from providers.kubernetes.config import KubernetesProviderConfig
+from vk_provider.settings.providers import check_credential_url
 from vk_provider.settings.secrets import ConfigError
 
 _UNSUPPORTED = ("exec", "auth-provider", "username")
@@ -77,9 +78,17 @@ class ClusterAccess:
 
 
 def load_kubeconfig(
-    text: str, *, base_dir: Path | None = None, context: str | None = None
+    text: str,
+    *,
+    base_dir: Path | None = None,
+    context: str | None = None,
+    allow_insecure_loopback: bool = False,
 ) -> ClusterAccess:
-    """The ``ClusterAccess`` of ``context`` (default: ``current-context``) in ``text``."""
+    """The ``ClusterAccess`` of ``context`` (default: ``current-context``) in ``text``.
+
+    The server must be https (a credential goes with every request): plain http only to a
+    loopback host and only when ``allow_insecure_loopback`` says so.
+    """
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -95,9 +104,16 @@ def load_kubeconfig(
         # The loader is async (it can run exec plugins, which are refused): run it on a loop
         # of its own, so that this works inside the agent's running loop too.
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(asyncio.run, _load(document, context, base_dir, scratch)).result()
+            access = pool.submit(asyncio.run, _load(document, context, base_dir, scratch)).result()
     finally:
         _forget_files(scratch)
+    try:
+        check_credential_url(access.server, allow_insecure_loopback=allow_insecure_loopback)
+    except ValueError as exc:
+        raise KubeconfigError(
+            f"kubeconfig: the cluster of context {access.context!r}: {exc}"
+        ) from None
+    return access
 
 
 async def _load(

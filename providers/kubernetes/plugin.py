@@ -12,9 +12,18 @@ def build(settings: KubernetesProviderConfig, context: BuildContext) -> Provider
     return KubernetesProvider(settings)
 
 
+def requirements(settings: KubernetesProviderConfig) -> list[str]:
+    return [
+        f"namespace {settings.namespace!r} must exist in the remote cluster, and the "
+        "kubeconfig's identity must hold the Role of deploy/remote-cluster-rbac.yaml there: "
+        "the adapter never creates it"
+    ]
+
+
 PROVIDER_TYPE = ProviderType(
     name="kubernetes",
     settings=KubernetesProviderConfig,
     build=build,
     description="Pods in another Kubernetes cluster.",
+    requirements=requirements,
 )

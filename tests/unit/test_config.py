@@ -231,3 +231,27 @@ def test_names_are_dns_labels_and_numbers_finite(provider: dict[str, Any], field
 def test_an_infinite_budget_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"budget\.global_per_hour"):
         parse_config({"providers": [RUNPOD], "budget": {"global_per_hour": float("inf")}})
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed", "fine"),
+    [
+        ("https://rest.runpod.io/v1", False, True),
+        ("http://rest.runpod.io/v1", False, False),
+        ("http://rest.runpod.io/v1", True, False),  # loopback only, whatever the flag says
+        ("http://127.0.0.1:8080/v1", False, False),  # loopback, but the config must say so
+        ("http://127.0.0.1:8080/v1", True, True),
+        ("http://[::1]:8080/v1", True, True),
+        ("http://localhost:8080/v1", True, True),
+        ("ftp://rest.runpod.io", True, False),
+        ("rest.runpod.io/v1", False, False),
+    ],
+)
+def test_credentials_travel_only_over_https(url: str, allowed: bool, fine: bool) -> None:
+    provider = {**RUNPOD, "rest_url": url, "allow_insecure_loopback": allowed}
+    if fine:
+        parse_config(_base(**provider))
+        return
+    with pytest.raises(ConfigError) as raised:
+        parse_config(_base(**provider))
+    assert str(raised.value).startswith("providers[0].rest_url: "), str(raised.value)

@@ -1701,3 +1701,23 @@ async def test_no_canary_leaks_from_any_error_path(
         await adapter.close()
     values = (canary.KEY, canary.SECRET) if operation.startswith("create") else (canary.KEY,)
     canary.assert_clean(error=error, records=caplog.records, returned=returned, values=values)
+
+
+@pytest.mark.parametrize(
+    ("server", "allowed", "fine"),
+    [
+        ("http://cluster-b.example:6443", True, False),
+        ("http://127.0.0.1:6443", False, False),
+        ("http://127.0.0.1:6443", True, True),
+    ],
+)
+def test_a_kubeconfig_server_must_be_https_unless_loopback_and_allowed(
+    server: str, allowed: bool, fine: bool
+) -> None:
+    text = _kubeconfig({"token": TOKEN}, cluster={"server": server})
+    if fine:
+        assert load_kubeconfig(text, allow_insecure_loopback=allowed).server == server
+        return
+    with pytest.raises(KubeconfigError, match="context 'b'") as raised:
+        load_kubeconfig(text, allow_insecure_loopback=allowed)
+    assert TOKEN not in str(raised.value)

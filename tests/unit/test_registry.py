@@ -103,3 +103,29 @@ def test_the_walkthrough_shows_the_real_files(name: str) -> None:
     )
     assert shown is not None, f"{name} is not shown in {DOC.name}"
     assert shown.group(1) == (PLUGIN / name).read_text()
+
+
+def test_check_config_names_what_a_remote_cluster_must_have(tmp_path: Path) -> None:
+    """The Kubernetes adapter never creates its remote namespace: check-config says so."""
+    kubeconfig = tmp_path / "b.kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: b\n"
+        "clusters: [{name: b, cluster: {server: 'https://cluster-b.test'}}]\n"
+        "users: [{name: me, user: {token: t0ken}}]\n"
+        "contexts: [{name: b, context: {cluster: b, user: me}}]\n"
+    )
+    path = tmp_path / "agent.yaml"
+    path.write_text(
+        "providers:\n"
+        f"  - {{type: kubernetes, name: burst, kubeconfig: 'file:{kubeconfig}', namespace: gpu-jobs}}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "vk_provider", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "note: providers[0] (burst): namespace 'gpu-jobs' must exist" in done.stdout
+    assert "t0ken" not in done.stdout + done.stderr

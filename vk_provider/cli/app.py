@@ -233,6 +233,8 @@ def check_config(
         raise _fail(f"{path} is invalid:\n{exc}", code=2) from exc
     names = ", ".join(f"{p.name} ({p.type})" for p in settings.providers)
     out.print(f"{path}: valid. Node {settings.node.name}; providers: {names}", highlight=False)
+    for note in registry.requirements(settings):
+        out.print(f"note: {note}", highlight=False, markup=False)
 
 
 @app.command("demo")

@@ -99,5 +99,14 @@ class Registry:
             settings, BuildContext(state_dir=state_dir / settings.type / settings.name)
         )
 
+    def requirements(self, config: AgentConfig) -> list[str]:
+        """What each entry needs outside the agent, as its type says (``check-config``)."""
+        notes = []
+        for index, entry in enumerate(config.providers):
+            kind = self._types.get(entry.type)
+            for note in kind.requirements(entry) if kind else []:
+                notes.append(f"providers[{index}] ({entry.name}): {note}")
+        return notes
+
     def build_all(self, config: AgentConfig, *, state_dir: Path) -> dict[str, Provider]:
         return {p.name: self.build(p, state_dir=state_dir) for p in config.providers}

@@ -18,13 +18,15 @@ Invariants:
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.secrets import Strict
@@ -52,8 +54,33 @@ class ProviderSettings(Strict):
         return value
 
 
+def check_credential_url(url: str, *, allow_insecure_loopback: bool) -> None:
+    """Credentials travel only over https; plain http only to a loopback host, and only when
+    the configuration says so (``allow_insecure_loopback``: a test or a local proxy)."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme == "https" and parsed.hostname:
+        return
+    if parsed.scheme != "http" or not parsed.hostname:
+        raise ValueError(f"{url!r} is not an https:// URL")
+    try:
+        loopback = ipaddress.ip_address(parsed.hostname).is_loopback
+    except ValueError:
+        loopback = parsed.hostname == "localhost"
+    if not loopback:
+        raise ValueError(f"{url!r}: credentials are sent only over https")
+    if not allow_insecure_loopback:
+        raise ValueError(
+            f"{url!r}: plain http carries the credentials unencrypted; set "
+            "allow_insecure_loopback: true to allow it to a loopback host"
+        )
+
+
 class CloudProviderSettings(ProviderSettings):
-    """Fields every real cloud provider shares."""
+    """Fields every real cloud provider shares.
+
+    Every field named ``*_url`` is an address the adapter sends its credentials to: it must be
+    https (``check_credential_url``).
+    """
 
     regions: list[str] = Field(
         default_factory=list, description="Regions (or data centres) to use; empty means all."
@@ -63,6 +90,24 @@ class CloudProviderSettings(ProviderSettings):
     )
     max_gpus: int = Field(64, ge=0, description="Most GPUs to run on this provider at once.")
     timeout_seconds: float = Field(30, gt=0, le=300, description="Per-request timeout.")
+    allow_insecure_loopback: bool = Field(
+        False,
+        description="Allow plain http to a loopback host (tests, a local proxy); never to "
+        "another host.",
+    )
+
+    @model_validator(mode="after")
+    def _credential_urls(self) -> CloudProviderSettings:
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name.endswith("_url") and isinstance(value, str):
+                try:
+                    check_credential_url(
+                        value, allow_insecure_loopback=self.allow_insecure_loopback
+                    )
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from None
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +129,10 @@ class ProviderType:
     settings: type[ProviderSettings]
     build: Callable[[Any, BuildContext], Provider]
     description: str = ""
+    # What must hold outside the agent for an entry to work, that the agent cannot check
+    # before it runs (a namespace in a remote cluster, a firewall rule): `check-config`
+    # prints these as notes.
+    requirements: Callable[[Any], list[str]] = field(default=lambda _settings: [])
 
     def create(self, settings: ProviderSettings, context: BuildContext) -> Provider:
         """Build the adapter for ``settings`` (an instance of ``self.settings``)."""
