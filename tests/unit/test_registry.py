@@ -115,10 +115,8 @@ def test_check_config_names_what_a_remote_cluster_must_have(tmp_path: Path) -> N
         "contexts: [{name: b, context: {cluster: b, user: me}}]\n"
     )
     path = tmp_path / "agent.yaml"
-    path.write_text(
-        "providers:\n"
-        f"  - {{type: kubernetes, name: burst, kubeconfig: 'file:{kubeconfig}', namespace: gpu-jobs}}\n"
-    )
+    entry = f"{{type: kubernetes, name: burst, kubeconfig: 'file:{kubeconfig}', namespace: gpu-jobs}}"
+    path.write_text(f"providers:\n  - {entry}\n")
     done = subprocess.run(
         [sys.executable, "-m", "vk_provider", "check-config", str(path)],
         capture_output=True,
