@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from vk_provider.runtime.registry import BUILT_IN, ENTRY_POINT_GROUP, Registry
 from vk_provider.settings.secrets import ConfigError
@@ -115,8 +116,8 @@ def test_check_config_names_what_a_remote_cluster_must_have(tmp_path: Path) -> N
         "contexts: [{name: b, context: {cluster: b, user: me}}]\n"
     )
     path = tmp_path / "agent.yaml"
-    entry = f"{{type: kubernetes, name: burst, kubeconfig: 'file:{kubeconfig}', namespace: gpu-jobs}}"
-    path.write_text(f"providers:\n  - {entry}\n")
+    entry = {"type": "kubernetes", "name": "burst", "kubeconfig": f"file:{kubeconfig}"}
+    path.write_text(yaml.safe_dump({"providers": [{**entry, "namespace": "gpu-jobs"}]}))
     done = subprocess.run(
         [sys.executable, "-m", "vk_provider", "check-config", str(path)],
         capture_output=True,
