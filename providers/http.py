@@ -28,7 +28,7 @@ Invariants:
   every message starts with ``<label> <what>:`` (``RunPod create pod for u.0: HTTP 500: ...``).
 - Credentials live only in the auth flow's headers; no message, log line or ``repr`` of this
   module's objects carries them. Every text from the server or from httpx passes the
-  redactor (every form of every secret: ``transport.secret_forms``) *before* anything may cut
+  redactor (every form of every secret: ``domain.redact.secret_forms``) *before* anything may cut
   or collapse it: an error answer's body is redacted whole before its classifier sees it,
   a transport error's text before it enters a message or a chained cause.
 - One attempt of ``send`` sends at most one request; a streamed answer that failed is closed
@@ -48,8 +48,9 @@ from typing import Final, Protocol, TypeVar
 import httpx
 
 from providers.payload import MalformedResponse
-from providers.transport import Redactor, RetryPolicy, log_retries, parse_retry_after
+from providers.transport import RetryPolicy, log_retries, parse_retry_after
 from vk_provider.domain.errors import ProviderError, Transient
+from vk_provider.domain.redact import Redactor
 
 log = logging.getLogger(__name__)
 

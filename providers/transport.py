@@ -1,5 +1,5 @@
-"""What every HTTP/SDK adapter's transport shares: the retry policy, Retry-After parsing,
-redaction.
+"""What every HTTP/SDK adapter's transport shares: the retry policy and Retry-After parsing
+(redaction is ``vk_provider.domain.redact``, shared with the agent).
 
 The adapters (``runpod``, ``kubernetes``, ``lambda_cloud``, ``modal``) each classify their own
 failures and decide which calls are safe to repeat; what they have in common lives here, so a
@@ -26,11 +26,6 @@ Invariants:
   pause, instead of a coroutine holding a worker. No wait for a ``Retry-After`` is longer
   than that cap.
 - ``parse_retry_after`` never raises and never returns a negative or non-finite number.
-- ``Redactor`` replaces every form of every non-empty secret (``secret_forms``: raw,
-  JSON-escaped, URL-encoded, base64, and the lines of a multi-line one) with ``<redacted>``,
-  longest first, and changes nothing else; it logs nothing. It runs before any truncation or
-  whitespace collapse (``providers.http`` redacts an answer whole, before a classifier reads
-  it). (Its ``repr`` shows the secrets: never log it.)
 - Nothing here does I/O of its own: time passes only through the policy's ``sleep``, and the
   only log line is the one ``log_retries`` writes (the error's message, already redacted by
   the adapter that built it).
@@ -39,18 +34,14 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 import math
 import random
-import re
-import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Final, TypeVar
+from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
@@ -59,7 +50,6 @@ from vk_provider.domain.errors import RateLimited, Transient
 T = TypeVar("T")
 
 Sleep = Callable[[float], Awaitable[None]]
-REDACTED: Final = "<redacted>"
 
 
 # --- Retry-After --------------------------------------------------------------------------
@@ -188,70 +178,3 @@ class RetryPolicy:
             with attempt:
                 return await call()
         raise AssertionError("tenacity stopped without a result or an error")  # pragma: no cover
-
-
-# --- redaction ----------------------------------------------------------------------------
-
-
-# Parts of a multi-line secret (one line of a PEM key, say) shorter than this are not
-# redacted on their own: a short line is as likely to be an ordinary word.
-MIN_SECRET_PART = 8
-
-
-def secret_forms(secret: str) -> tuple[str, ...]:
-    """``secret`` as a server, a proxy or a library may echo it: raw, JSON-escaped (ASCII and
-    not), URL-encoded (``quote`` with and without ``/`` safe, ``quote_plus``; either hex case),
-    base64, and for a multi-line one each line, CRLF and LF spellings and the line-joined
-    form a whitespace collapse makes. Longest first, so that no shorter form breaks a longer
-    one before it is matched."""
-    if not secret:
-        return ()
-    variants = {secret, secret.replace("\r\n", "\n"), secret.replace("\n", "\r\n")}
-    collapsed = " ".join(secret.split())
-    if collapsed != secret and len(collapsed) >= MIN_SECRET_PART:
-        variants.add(collapsed)
-    variants.update(
-        line.strip() for line in secret.splitlines() if len(line.strip()) >= MIN_SECRET_PART
-    )
-    forms: set[str] = set()
-    for variant in variants:
-        escaped = json.dumps(variant)[1:-1]
-        forms.update({variant, escaped, json.dumps(variant, ensure_ascii=False)[1:-1]})
-        forms.add(escaped.replace("/", "\\/"))  # some servers escape the solidus too
-        for quoted in (
-            urllib.parse.quote(variant, safe=""),
-            urllib.parse.quote(variant),
-            urllib.parse.quote_plus(variant),
-        ):
-            forms.update({quoted, _PERCENT.sub(lambda m: m.group(0).lower(), quoted)})
-    # base64 as Kubernetes ``-data`` fields and Secrets carry it, with and without the final
-    # newline a PEM file has.
-    if len(secret) >= MIN_SECRET_PART:  # a short one's base64 is an ordinary short word
-        for encoded in (secret, secret.rstrip("\n") + "\n"):
-            forms.add(base64.b64encode(encoded.encode()).decode())
-    return tuple(sorted((f for f in forms if f), key=lambda f: (-len(f), f)))
-
-
-_PERCENT = re.compile(r"%[0-9A-F]{2}")
-
-
-@dataclass(frozen=True, slots=True)
-class Redactor:
-    """Replaces secrets (API keys, tokens, secret env values) in text meant for logs or
-    errors: every form of each (``secret_forms``), before anything shortens the text."""
-
-    secrets: tuple[str, ...]
-    _forms: tuple[str, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        forms = {form for secret in self.secrets for form in secret_forms(secret)}
-        object.__setattr__(self, "_forms", tuple(sorted(forms, key=lambda f: (-len(f), f))))
-
-    def __call__(self, text: str) -> str:
-        for form in self._forms:
-            if form in text:
-                text = text.replace(form, REDACTED)
-        return text
-
-    def with_secrets(self, more: Iterable[str]) -> Redactor:
-        return Redactor((*self.secrets, *(s for s in more if s)))

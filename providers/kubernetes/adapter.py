@@ -75,7 +75,7 @@ from providers.kubernetes.offers import (
 )
 from providers.kubernetes.states import made_for, parse_instance
 from providers.payload import MalformedResponse, items, mapping
-from providers.transport import Redactor, RetryPolicy
+from providers.transport import RetryPolicy
 from vk_provider.domain.errors import (
     CapacityUnavailable,
     InvalidSpec,
@@ -89,6 +89,7 @@ from vk_provider.domain.models import (
     Offer,
     WorkloadSpec,
 )
+from vk_provider.domain.redact import Redactor
 
 log = logging.getLogger(__name__)
 

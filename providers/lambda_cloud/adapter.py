@@ -65,7 +65,7 @@ from providers.lambda_cloud.instances import (
 )
 from providers.lambda_cloud.offers import parse_offers
 from providers.lambda_cloud.ratelimit import Clock, RateLimiter
-from providers.transport import Redactor, RetryPolicy, Sleep
+from providers.transport import RetryPolicy, Sleep
 from vk_provider.domain.errors import (
     CapacityUnavailable,
     NotFound,
@@ -81,6 +81,7 @@ from vk_provider.domain.models import (
     Offer,
     WorkloadSpec,
 )
+from vk_provider.domain.redact import Redactor
 from vk_provider.settings.secrets import ConfigError
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from typing import Final, Literal
 
 from providers.http import Answer
 from providers.payload import MalformedResponse, obj
-from providers.transport import Redactor, parse_retry_after
+from providers.transport import parse_retry_after
 from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,
@@ -37,6 +37,7 @@ from vk_provider.domain.errors import (
     RateLimited,
     Transient,
 )
+from vk_provider.domain.redact import Redactor
 
 Operation = Literal["list instance types", "launch", "get instance", "list instances", "terminate"]
 

@@ -2,7 +2,8 @@
 
 Faults come from the configuration and are overridden by ``<state_dir>/faults.json``, read on
 every call, so another process can change them while the agent runs. ``inject_loss`` makes one
-instance LOST as if the cloud reclaimed it.
+instance LOST as if the cloud reclaimed it; ``inject_instance`` starts one the agent never
+asked for (a duplicate of an attempt, or an orphan).
 
 Invariants: ``faults.json`` is read and written under a file lock (``fail_creates`` is
 decremented by one process and set by another); an unreadable override is ignored, never an
@@ -12,16 +13,25 @@ error.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
+import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from providers.local.launch import PACKAGE_ROOT, runner_command
+from providers.local.processes import start_process
 from providers.local.records import (
+    ENV_FILE,
     INSTANCE_FILE,
     INSTANCE_ID,
     LOST_FILE,
+    RUNNER_LOG_FILE,
+    Record,
+    read_record,
     write_atomically,
     write_json,
 )
@@ -154,3 +164,46 @@ def inject_loss(state_dir: Path, instance_id: str, message: str = "injected inst
     if not INSTANCE_ID.fullmatch(instance_id) or not (directory / INSTANCE_FILE).exists():
         raise FileNotFoundError(f"no local instance {instance_id!r} in {state_dir}")
     write_atomically(directory / LOST_FILE, message.encode())
+
+
+def inject_instance(
+    state_dir: Path, *, like: str | None = None, pod_uid: str | None = None, suffix: str
+) -> str:
+    """Start an instance the agent never asked for, as a cloud can make one (a create that
+    went through twice, or one the agent lost track of); returns its id.
+
+    ``like`` names an existing instance whose pod, attempt and offer the new one copies (a
+    duplicate of the same attempt); ``pod_uid`` instead makes one for that pod (an orphan when
+    no such pod exists). It runs ``sleep`` until it is terminated.
+    """
+    if like is not None:
+        source = read_record(state_dir / like)
+        if source is None:
+            raise FileNotFoundError(f"no local instance {like!r} in {state_dir}")
+        record = dataclasses.replace(source, instance_id=f"{like}-{suffix}", process=None)
+    elif pod_uid is not None:
+        record = Record(
+            instance_id=f"local-{pod_uid}-0-{suffix}",
+            pod_uid=pod_uid,
+            attempt=0,
+            sku="injected",
+            offer_key="injected/injected/local",
+            price_per_hour=0.0,
+            created_at=time.time(),
+            process=None,
+        )
+    else:
+        raise ValueError("give like= or pod_uid=")
+    directory = state_dir / record.instance_id
+    directory.mkdir(parents=True)
+    write_json(directory / INSTANCE_FILE, record.to_json())
+    write_json(directory / ENV_FILE, {"PATH": os.environ.get("PATH", "")}, mode=0o600)
+    command = runner_command(directory, workdir=None, startup_seconds=0, argv=["sleep", "3600"])
+    process = start_process(
+        f"local-runner {directory.name}",
+        command,
+        log_file=directory / RUNNER_LOG_FILE,
+        cwd=PACKAGE_ROOT,
+    )
+    write_json(directory / INSTANCE_FILE, dataclasses.replace(record, process=process).to_json())
+    return record.instance_id

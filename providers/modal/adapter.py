@@ -67,7 +67,7 @@ from providers.modal.sandbox import (
     SandboxNameTaken,
     SandboxRequest,
 )
-from providers.transport import Redactor, RetryPolicy, log_retries
+from providers.transport import RetryPolicy, log_retries
 from vk_provider.domain.errors import (
     AuthFailed,
     InvalidSpec,
@@ -82,6 +82,7 @@ from vk_provider.domain.models import (
     Offer,
     WorkloadSpec,
 )
+from vk_provider.domain.redact import Redactor
 from vk_provider.settings.secrets import ConfigError
 
 log = logging.getLogger(__name__)

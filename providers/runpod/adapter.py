@@ -67,7 +67,7 @@ from providers.runpod.pods import (
     parse_runtimes,
     with_runtime,
 )
-from providers.transport import Redactor, RetryPolicy
+from providers.transport import RetryPolicy
 from vk_provider.domain.errors import (
     CapacityUnavailable,
     InvalidSpec,
@@ -82,6 +82,7 @@ from vk_provider.domain.models import (
     Offer,
     WorkloadSpec,
 )
+from vk_provider.domain.redact import Redactor
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from providers.http import ErrorAnswer
-from providers.transport import Redactor
 from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,
@@ -29,6 +28,7 @@ from vk_provider.domain.errors import (
     RateLimited,
     Transient,
 )
+from vk_provider.domain.redact import Redactor
 
 
 class Operation(enum.Enum):

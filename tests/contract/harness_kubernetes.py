@@ -127,7 +127,7 @@ class Admin:
             raise AssertionError(f"{method} {path}: HTTP {response.status_code} {response.text}")
         return dict(response.json()) if response.content else {}
 
-    def wait(self, check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    def wait(self, check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while not check():
             if time.monotonic() > deadline:
@@ -345,6 +345,17 @@ class KubernetesHarness:
         )
         admin.wait(
             lambda: _allowed(admin, namespace, "create", "pods"), "the RoleBinding to take hold"
+        )
+        # Pods are admitted only once the namespace's default ServiceAccount exists; an
+        # operator's namespace has it long before the agent uses it.
+        admin.wait(
+            lambda: bool(
+                admin.call(
+                    "GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default", ok=(404,)
+                ).get("metadata")
+            ),
+            "the namespace's default ServiceAccount",
+            timeout=60.0,
         )
         request = admin.call(
             "POST",

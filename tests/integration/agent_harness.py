@@ -23,6 +23,7 @@ import yaml
 
 from providers.local.adapter import LocalProvider
 from providers.local.config import LocalProviderConfig
+from providers.local.faults import clear_faults
 from vk_provider.cluster.cluster import LocalCluster
 
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Exists"}
@@ -179,10 +180,16 @@ class AgentHarness:
         return agent
 
     def stop_all(self) -> None:
+        """Stop every agent, every instance and every process they started, even when a test
+        failed half-way with faults still injected."""
         for agent in self.agents:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.stop()
-            asyncio.run(terminate_instances(agent))
+            for directory in agent.provider_dirs.values():
+                with contextlib.suppress(OSError):
+                    clear_faults(directory)  # or the cleanup itself meets the injected faults
+            with contextlib.suppress(Exception):
+                asyncio.run(terminate_instances(agent))
             subprocess.run(
                 [
                     _kubectl(),
@@ -198,6 +205,25 @@ class AgentHarness:
                 check=False,
                 timeout=30,
             )
+        reap_runners(self._tmp)
+
+
+def reap_runners(root: Path) -> list[int]:
+    """SIGKILL every local runner (and its program) started under ``root``; their pids."""
+    killed = []
+    marker = str(root)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "providers.local.runner" in cmdline and marker in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(entry.name), signal.SIGKILL)  # a runner leads its own group
+                killed.append(int(entry.name))
+    return killed
 
 
 def _kubectl() -> str:
@@ -218,7 +244,12 @@ def local_providers(agent: AgentProcess) -> list[LocalProvider]:
 async def terminate_instances(agent: AgentProcess) -> None:
     for provider in local_providers(agent):
         for instance in await provider.list_ours():
-            await provider.delete(instance.instance_id, grace_seconds=0)
+            for _ in range(5):  # the provider may still fail a call now and then
+                try:
+                    await provider.delete(instance.instance_id, grace_seconds=0)
+                    break
+                except Exception:
+                    await asyncio.sleep(0.1)
 
 
 def pod_on(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -29,3 +32,25 @@ async def api(kubeconfig: Path) -> AsyncIterator[KubeClient]:
         yield kube
     finally:
         await kube.close()
+
+
+@pytest.fixture
+def cpu_hog() -> Iterator[int]:
+    """One busy process per core beside the test, as a loaded CI machine has; all killed after."""
+    count = os.cpu_count() or 2
+    hogs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for _ in range(count)
+    ]
+    try:
+        yield count
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()

@@ -1,11 +1,14 @@
 """Fault tolerance under churn: nothing leaked, nothing duplicated, nothing stuck.
 
 Two hundred pods are created, scaled and deleted over a couple of minutes while the `local`
-provider fails 30% of its calls (429, 503, timeouts, creates whose answer is lost) and the
-test makes instances vanish. One run also restarts the kube-apiserver mid-churn; the other
-SIGKILLs the agent five times at random moments. Both must end with every surviving pod
-Running, no instance without a pod, no pod with two live instances, and no pod Terminating
-longer than its grace period + 10 s. The counts are printed.
+provider fails 30% of its calls (429, 503, timeouts, creates whose answer is lost) until the
+very end, the test makes instances vanish, starts duplicates of running attempts and orphans
+the agent never asked for, and a busy process per core competes for the CPU. One run also
+restarts the kube-apiserver mid-churn; the other SIGKILLs the agent five times at random
+moments. Both must end with every surviving pod Running, no listed instance without a live
+pod (TERMINATING ones count: a termination is done only when the provider confirms it), no
+pod with two instances, every injected duplicate and orphan terminated by reconciliation,
+and no pod Terminating longer than its grace period + 10 s. The counts are printed.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from providers.local.faults import clear_faults, inject_loss, set_faults
+from providers.local.faults import inject_instance, inject_loss, set_faults
 from tests.helpers import wait_for
 from tests.integration.agent_harness import TOLERATION, AgentHarness, AgentProcess, local_providers
 from vk_provider.cluster.binaries import ensure_binaries
@@ -40,13 +43,14 @@ FLAKY = {
         {"sku": "cpu", "price_per_hour": 0.01, "capacity": 400, "vcpus": 2, "memory_gib": 4}
     ],
 }
-LIVE = (InstanceState.PENDING, InstanceState.RUNNING)
 
 
 @dataclass
 class ChurnReport:
     terminating_violations: set[str] = field(default_factory=set)
     losses_injected: int = 0
+    duplicates_injected: set[str] = field(default_factory=set)
+    orphans_injected: set[str] = field(default_factory=set)
     agent_kills: int = 0
     reconcile_seconds: list[float] = field(default_factory=list)
 
@@ -95,30 +99,48 @@ async def _watch_terminating(
         await asyncio.sleep(1)
 
 
-async def _inject_losses(
+async def _inject_faults(
     agent: AgentProcess, report: ChurnReport, stop: asyncio.Event, rng: random.Random
 ) -> None:
+    """Every 2 s one of: lose a running instance, start a second instance of a running
+    attempt (a create that went through twice), or start an instance for no pod at all."""
     (provider,) = local_providers(agent)
+    state_dir = agent.local_dir("flaky")
+    round_ = 0
     while not stop.is_set():
         await asyncio.sleep(2)
-        clear_faults_view = [i for i in await _list(provider) if i.state is InstanceState.RUNNING]
-        if clear_faults_view:
-            victim = rng.choice(clear_faults_view)
-            try:
-                inject_loss(agent.local_dir("flaky"), victim.instance_id)
+        round_ += 1
+        running = [
+            i
+            for i in await _list(provider)
+            if i.state is InstanceState.RUNNING and "-dup" not in i.instance_id
+        ]
+        try:
+            if round_ % 3 == 1 and running:
+                inject_loss(state_dir, rng.choice(running).instance_id)
                 report.losses_injected += 1
-            except FileNotFoundError:
-                pass
+            elif round_ % 3 == 2 and running:
+                made = inject_instance(
+                    state_dir, like=rng.choice(running).instance_id, suffix=f"dup{round_}"
+                )
+                report.duplicates_injected.add(made)
+            elif round_ % 3 == 0:
+                made = inject_instance(
+                    state_dir, pod_uid=f"no-such-pod-{round_}", suffix=f"orphan{round_}"
+                )
+                report.orphans_injected.add(made)
+        except FileNotFoundError:
+            pass  # the chosen instance went meanwhile
 
 
 async def _list(provider: Any) -> list[Any]:
-    # The test's own view of the provider must not be subject to the injected faults.
-    for _ in range(20):
+    """The provider's listing, through its injected faults (retried; never a silent [])."""
+    for _ in range(50):
         try:
             return list(await provider.list_ours())
         except Exception:
             await asyncio.sleep(0.05)
-    return []
+    raise AssertionError("the provider's list failed 50 times in a row")
 
 
 async def _kill_agent(agent: AgentProcess, report: ChurnReport, rng: random.Random) -> None:
@@ -150,6 +172,7 @@ async def test_churn_under_faults_leaks_nothing(
     namespace: str,
     agents: AgentHarness,
     control_plane: LocalCluster,
+    cpu_hog: int,
 ) -> None:
     rng = random.Random(f"churn-{disruption}")
     agent = agents.start(
@@ -172,7 +195,7 @@ async def test_churn_under_faults_leaks_nothing(
     stop = asyncio.Event()
     background = [
         asyncio.create_task(_watch_terminating(api, agent.node, report, stop)),
-        asyncio.create_task(_inject_losses(agent, report, stop, rng)),
+        asyncio.create_task(_inject_faults(agent, report, stop, rng)),
     ]
     if disruption == "agent-sigkill":
         background.append(asyncio.create_task(_kill_agent(agent, report, rng)))
@@ -210,7 +233,7 @@ async def test_churn_under_faults_leaks_nothing(
 
         await wait_for(all_reconciled, timeout=30, what="the last restart to reconcile")
 
-    clear_faults(agent.local_dir("flaky"))
+    # The faults stay on: convergence must not depend on the provider becoming reliable.
     desired = {"d0": 10, "d1": 15, "d2": 30, "d4": 5}
     (provider,) = local_providers(agent)
 
@@ -227,16 +250,19 @@ async def test_churn_under_faults_leaks_nothing(
         for pod in running:
             app = pod["metadata"]["labels"]["app"]
             by_app[app] = by_app.get(app, 0) + 1
-        instances = [i for i in await provider.list_ours() if i.state in LIVE]
+        # Everything the provider lists is not terminated yet: TERMINATING counts too.
+        instances = await _list(provider)
         alive_uids = {p["metadata"]["uid"] for p in alive}
         per_uid: dict[str, int] = {}
         for instance in instances:
             per_uid[instance.pod_uid] = per_uid.get(instance.pod_uid, 0) + 1
+        listed = {i.instance_id for i in instances}
         return {
             "surviving_pods": len(alive),
             "running_as_desired": int(by_app == desired and len(running) == len(alive)),
             "instances_without_pod": sum(1 for i in instances if i.pod_uid not in alive_uids),
             "duplicate_instances": sum(n - 1 for n in per_uid.values() if n > 1),
+            "injected_left": len((report.duplicates_injected | report.orphans_injected) & listed),
         }
 
     async def converged() -> dict[str, int] | None:
@@ -245,6 +271,7 @@ async def test_churn_under_faults_leaks_nothing(
             found["running_as_desired"] == 1
             and found["instances_without_pod"] == 0
             and found["duplicate_instances"] == 0
+            and found["injected_left"] == 0
         )
         return found if ok else None
 
@@ -279,11 +306,21 @@ async def test_churn_under_faults_leaks_nothing(
         f"instances without a pod {final['instances_without_pod']}, "
         f"duplicate instances {final['duplicate_instances']}, "
         f"pods Terminating past grace+10s {len(report.terminating_violations)}, "
-        f"losses injected {report.losses_injected}, agent SIGKILLs {report.agent_kills}, "
+        f"losses injected {report.losses_injected}, duplicates injected "
+        f"{len(report.duplicates_injected)}, orphans injected {len(report.orphans_injected)}, "
+        f"agent SIGKILLs {report.agent_kills}, CPU hogs {cpu_hog}, "
         f"first reconciliation after each start {report.reconcile_seconds}"
     )
     assert report.terminating_violations == set()
     assert report.losses_injected > 0
+    # Reconciliation, not luck, removed what was injected: each was terminated by name, as
+    # a duplicate or an orphan (a restart in between may log it twice).
+    log = agent.log_text()
+    for made in report.duplicates_injected:
+        assert re.search(rf"terminating instance {re.escape(made)} on flaky .*: duplicate", log)
+    for made in report.orphans_injected:
+        assert re.search(rf"terminating instance {re.escape(made)} on flaky .*: orphan", log)
+    assert report.duplicates_injected and report.orphans_injected
     if disruption == "agent-sigkill":
         assert report.agent_kills == 5
         assert len(report.reconcile_seconds) == 6  # the first start and five restarts

@@ -133,11 +133,24 @@ async def bridge(
     api: KubeClient,
     api_b: KubeClient,
     cluster_b: LocalCluster,
+    kube_b: ApiClient,
 ) -> Bridge:
     agent_b = agents_b.start(providers=[{"name": "local-a", "offers": B_OFFERS}])
     await _node_with_gpus(api_b, agent_b)
 
-    remote_namespace = f"vk-remote-{uuid.uuid4().hex[:6]}"  # the adapter creates it
+    # The operator's part (the adapter never creates it): the namespace, its default
+    # ServiceAccount in place, before the agent starts.
+    remote_namespace = f"vk-remote-{uuid.uuid4().hex[:6]}"
+    core_b = client.CoreV1Api(kube_b)
+    await core_b.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=remote_namespace))
+    )
+
+    async def default_sa() -> bool:
+        accounts = await core_b.list_namespaced_service_account(remote_namespace)
+        return any(sa.metadata.name == "default" for sa in accounts.items)
+
+    await wait_for(default_sa, timeout=60, what="the remote namespace's ServiceAccount")
     agent_a = agents.start(start=False, intervals={"offers_ttl_seconds": 2})
     settings = yaml.safe_load(agent_a.config_path.read_text())
     settings["providers"] = [

@@ -61,7 +61,6 @@ from providers.kubernetes.offers import (
 )
 from providers.kubernetes.states import observe, parse_instance
 from providers.payload import MalformedResponse
-from providers.transport import Redactor
 from tests.unit import canary
 from vk_provider.domain.breaker import counts_as_failure
 from vk_provider.domain.contract import Provider
@@ -75,6 +74,7 @@ from vk_provider.domain.errors import (
     Transient,
 )
 from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, Port, WorkloadSpec
+from vk_provider.domain.redact import Redactor
 from vk_provider.settings.secrets import ConfigError
 
 SERVER = "https://b.example.test:6443"
