@@ -113,3 +113,16 @@ def test_terminated_instances_are_ignored() -> None:
         [], [_instance("i1", "gone", InstanceState.TERMINATED)], first_seen={("p", "i1"): 0.0}
     )
     assert plan.actions == ()
+
+
+def test_a_failed_poll_does_not_restart_the_grace_period() -> None:
+    """With a flaky list call, every fresh poll after a failed one used to see the orphan as
+    new again, so it outlived its grace period by minutes."""
+    first = _plan([], [_instance("i1", "gone")], now=100.0)
+    failed = _plan(
+        [], [_instance("i1", "gone")], fresh=False, first_seen=first.first_seen, now=105.0
+    )
+    assert failed.actions == ()
+    assert failed.first_seen == {("p", "i1"): 100.0}
+    later = _plan([], [_instance("i1", "gone")], first_seen=failed.first_seen, now=111.0)
+    assert later.actions == (Terminate("p", "i1", "gone", "orphan"),)

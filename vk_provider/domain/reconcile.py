@@ -160,6 +160,10 @@ def plan_reconcile(
         actions.append(Terminate(instance.provider, instance.instance_id, instance.pod_uid, reason))
 
     unclaimed: dict[str, list[Instance]] = {}
+    stale = {snapshot.provider for snapshot in providers if not snapshot.fresh}
+    # A failed poll is no evidence either way: what was seen keeps its first-seen time, or a
+    # provider that fails every other poll would restart every grace period for ever.
+    seen.update({key: at for key, at in first_seen.items() if key[0] in stale})
     for snapshot in providers:
         if not snapshot.fresh:
             continue
