@@ -18,11 +18,15 @@ from typing import Any, TypeVar
 from providers.memory.adapter import MemoryProvider
 from providers.memory.config import MemoryProviderConfig
 from tests.unit.fake_kube import FakeKube
+from vk_provider.api.metrics import Metrics
+from vk_provider.api.view import AgentView, Readiness
+from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.launch import Launcher
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.podwatch import PodStore, PodWatch
 from vk_provider.controllers.reconcile import Reconciler
+from vk_provider.domain.breaker import CircuitBreaker
 from vk_provider.domain.budget import BudgetCaps, BudgetLedger
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.reconcile import TerminationPolicy
@@ -97,14 +101,25 @@ def pod_manifest(
 class Core:
     def __init__(
         self,
-        *providers: MemoryProvider,
+        *providers: Provider,
         budget: BudgetCaps | None = None,
         intervals: dict[str, Any] | None = None,
         placement: dict[str, Any] | None = None,
+        guarded: bool = False,
     ) -> None:
         self.kube = FakeKube(now=loop_now)
-        self.memory = {p.name: p for p in providers}
-        self.providers: dict[str, Provider] = dict(self.memory)
+        self.memory = {p.name: p for p in providers if isinstance(p, MemoryProvider)}
+        self.metrics = Metrics()
+        # As the agent wires them: every call through a circuit breaker (and its metrics).
+        self.guarded = {
+            p.name: GuardedProvider(
+                p, CircuitBreaker(clock=loop_time), observe=self.metrics.observe_call
+            )
+            for p in providers
+        }
+        self.providers: dict[str, Provider] = (
+            dict(self.guarded) if guarded else {p.name: p for p in providers}
+        )
         self.intervals = IntervalsConfig.model_validate(
             {
                 "pod_status_seconds": 1,
@@ -136,6 +151,7 @@ class Core:
             store=self.store,
             intervals=self.intervals,
             workers=4,
+            observer=self.metrics,
             now=loop_now,
         )
         self.watch = PodWatch(
@@ -155,6 +171,21 @@ class Core:
             policy=TerminationPolicy(deadline=self.intervals.termination_deadline_seconds),
             clock=loop_time,
         )
+
+    def view(self) -> AgentView:
+        """The REST API's and the metrics' view of this agent, as the runtime builds it."""
+        view = AgentView(
+            providers=self.guarded,
+            provider_types={name: "test" for name in self.guarded},
+            offers=self.offers,
+            ledger=self.ledger,
+            placements=self.pods.placements,
+            readiness=lambda: Readiness(ready=True, reasons=()),
+            overdue=lambda: self.reconciler.overdue,
+            clock=loop_time,
+        )
+        self.metrics.attach(view)
+        return view
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Core]:

@@ -8,7 +8,9 @@ cool-down, which is the cheap ``offers`` call. ``delete`` is always attempted: s
 paid instance matters more than sparing a sick provider a request.
 
 Invariants: an adapter exception other than ``ProviderError`` is wrapped into ``Transient``
-naming the adapter, so callers only ever see the taxonomy.
+naming the adapter, so callers only ever see the taxonomy; a failed ``create`` has the spec's
+secret env values redacted from its error in every form (a second layer after the
+adapter's own), before the breaker, a log line or an Event sees it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from vk_provider.domain.breaker import BreakerState, CircuitBreaker, counts_as_f
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import ProviderError, Transient
 from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
+from vk_provider.domain.redact import Redactor
 
 T = TypeVar("T")
+NOTHING_SECRET = Redactor(())
 log = logging.getLogger(__name__)
 
 CallObserver = Callable[[str, str, float, BaseException | None], None]
@@ -85,12 +89,20 @@ class GuardedProvider:
             else:
                 log.info("circuit breaker of provider %s is %s", self.name, after.value)
 
-    async def _call(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(
+        self,
+        operation: str,
+        call: Callable[[], Awaitable[T]],
+        redact: Redactor = NOTHING_SECRET,
+    ) -> T:
         started = time.monotonic()
         try:
             result = await call()
         except ProviderError as exc:
             exc.provider = exc.provider or self.name
+            # The second layer: whatever an adapter let through of the pod's own secrets is
+            # gone before the error reaches an Event, a log line or the REST API.
+            exc.args = tuple(redact(a) if isinstance(a, str) else a for a in exc.args)
             self._outcome(operation, started, exc)
             raise
         except TimeoutError as exc:
@@ -99,7 +111,7 @@ class GuardedProvider:
         except Exception as exc:
             self._outcome(operation, started, exc)
             raise Transient(
-                f"adapter {self.name} failed in {operation}: {type(exc).__name__}: {exc}",
+                redact(f"adapter {self.name} failed in {operation}: {type(exc).__name__}: {exc}"),
                 provider=self.name,
             ) from exc
         self._outcome(operation, started, None)
@@ -118,7 +130,8 @@ class GuardedProvider:
 
     async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
         self._refuse_if_open("create")
-        return await self._call("create", lambda: self._inner.create(spec, offer))
+        secrets = Redactor(tuple(var.value for var in spec.env if var.secret))
+        return await self._call("create", lambda: self._inner.create(spec, offer), secrets)
 
     async def get(self, instance_id: str) -> Instance:
         self._refuse_if_open("get")
