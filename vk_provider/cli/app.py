@@ -35,6 +35,7 @@ from vk_provider.cli.client import (
     providers_table,
     read_token_file,
 )
+from vk_provider.cli.local import local_app
 from vk_provider.cluster.binaries import PINNED, Binaries, ensure_binaries
 from vk_provider.cluster.cluster import LocalCluster
 from vk_provider.cluster.errors import ClusterError
@@ -49,6 +50,7 @@ app = typer.Typer(
 )
 cluster_app = typer.Typer(help="A real local Kubernetes control plane.", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(local_app, name="local")
 
 # No emoji: a message like "credential env:KEY:" must not turn into a picture of a key.
 console = Console(stderr=True, soft_wrap=True, emoji=False)

@@ -300,6 +300,20 @@ def run_demo(
             highlight=False,
         )
         out.print(f"  curl http://127.0.0.1:{rest_port}/metrics", highlight=False)
+        first = SIMULATED_PROVIDERS[0]["name"]
+        out.print("\nBreak a simulated cloud by hand (the agent sees it at once):")
+        out.print(f"  vk-provider local instances {state_dir / first}", highlight=False)
+        out.print(
+            f"  vk-provider local lose {state_dir / first} <instance-id>"
+            "   # the pod fails, its ReplicaSet replaces it elsewhere",
+            highlight=False,
+        )
+        out.print(
+            f"  vk-provider local faults {state_dir / first} --call-failure-rate 0.5"
+            "   # --clear to end it",
+            highlight=False,
+        )
+        out.print("  (docs/operating.md: restarting the agent, reading its log, every Event)")
         out.print("\nPress Ctrl-C to stop everything.")
         while not stop.is_set():
             if agent.poll() is not None:
