@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
+from vk_provider.domain.containers import ContainerUsage
 from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
 
 
@@ -67,4 +68,76 @@ class Provider(Protocol):
 
     async def close(self) -> None:
         """Release connections and background resources."""
+        ...
+
+
+# --------------------------------------------------------------------------- optional operations
+# A provider offers these when its ``Capabilities`` say so (``exec``, ``port_forward``,
+# ``usage``, ``multi_container`` with agent-run probes); callers check the capability first.
+
+
+class ExecSession(Protocol):
+    """A command running in a container, with its standard streams (kubectl exec)."""
+
+    async def write_stdin(self, data: bytes) -> None: ...
+
+    async def close_stdin(self) -> None: ...
+
+    def output(self) -> AsyncIterator[tuple[int, bytes]]:
+        """``(1, chunk)`` for stdout, ``(2, chunk)`` for stderr, until the command ends."""
+        ...
+
+    async def resize(self, width: int, height: int) -> None:
+        """The terminal's new size (only with a tty)."""
+        ...
+
+    async def wait(self) -> int:
+        """The command's exit code (128 + N when killed by signal N)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop the command if it still runs and release everything."""
+        ...
+
+
+@runtime_checkable
+class SupportsExec(Protocol):
+    async def exec(
+        self, instance_id: str, container: str, command: list[str], *, tty: bool
+    ) -> ExecSession:
+        """Start ``command`` in ``container``; raises ``NotFound`` or ``InvalidSpec``."""
+        ...
+
+
+class PortStream(Protocol):
+    """A byte stream to a port of an instance."""
+
+    async def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes; ``b""`` once the other side closed."""
+        ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class SupportsPortForward(Protocol):
+    async def open_port(self, instance_id: str, port: int) -> PortStream:
+        """A TCP connection to ``port`` of the instance (kubectl port-forward)."""
+        ...
+
+
+@runtime_checkable
+class SupportsUsage(Protocol):
+    async def usage(self, instance_id: str) -> list[ContainerUsage]:
+        """CPU and memory of each running container of the instance now."""
+        ...
+
+
+@runtime_checkable
+class SupportsContainerRestart(Protocol):
+    async def restart_container(self, instance_id: str, container: str) -> None:
+        """Kill ``container`` so the runtime restarts it per the pod's restart policy (a failed
+        liveness probe); its restart count grows as a kubelet's would."""
         ...

@@ -13,28 +13,13 @@ Invariants:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
+from vk_provider.domain.containers import ContainerSpec, ContainerStatus
+from vk_provider.domain.envvar import EnvVar, Port
 
-@dataclass(frozen=True, slots=True)
-class EnvVar:
-    """One environment variable; ``secret`` marks values that came from a Secret."""
-
-    name: str
-    value: str = field(repr=False)
-    secret: bool = False
-
-    def __repr__(self) -> str:
-        shown = "<redacted>" if self.secret else repr(self.value)
-        return f"EnvVar(name={self.name!r}, value={shown}, secret={self.secret})"
-
-
-@dataclass(frozen=True, slots=True)
-class Port:
-    container_port: int
-    protocol: str = "TCP"
-    name: str | None = None
+__all__ = ["EnvVar", "Port"]  # adapters import them from here, with the rest of the models
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +43,12 @@ class WorkloadSpec:
     memory_bytes: int = 0
     labels: tuple[tuple[str, str], ...] = ()
     attempt: int = 0
+    # Every app container (the first is the one the fields above describe), the init
+    # containers in order (sidecars among them), and the pod's restart policy: for providers
+    # whose capabilities run whole pods. A single-container provider reads the fields above.
+    containers: tuple[ContainerSpec, ...] = ()
+    init_containers: tuple[ContainerSpec, ...] = ()
+    restart_policy: str = "Always"
 
     @property
     def request_id(self) -> str:
@@ -114,6 +105,10 @@ class Instance:
     finished_at: datetime | None = None
     ip: str | None = None
     price_per_hour: float = 0.0
+    # Per container, for providers that run whole pods (``Capabilities.multi_container``);
+    # empty for a single-container provider, whose one container is the instance itself.
+    containers: tuple[ContainerStatus, ...] = ()
+    init_containers: tuple[ContainerStatus, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +120,8 @@ class LogOptions:
     timestamps: bool = False
     since_seconds: int | None = None
     limit_bytes: int | None = None
+    container: str | None = None  # None: the (only, or first) app container
+    previous: bool = False  # the previous attempt's output (kubectl logs --previous)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,3 +131,16 @@ class Capabilities:
     logs: bool = True
     follow_logs: bool = False
     log_timestamps: bool = False
+    previous_logs: bool = False
+    # Whole pods: several app containers, init containers, native sidecars; a provider that
+    # runs them restarts their containers itself (restartPolicy) and reports each.
+    multi_container: bool = False
+    init_containers: bool = False
+    sidecars: bool = False
+    # Optional operations (``contract.SupportsExec`` ...).
+    exec: bool = False
+    port_forward: bool = False
+    usage: bool = False
+    # Who runs probes: the provider's own runtime ("provider", a remote kubelet), the agent
+    # ("agent": the containers are reachable from it), or nobody ("none").
+    probes: str = "none"
