@@ -32,6 +32,9 @@ ANN_PROVIDER = ANNOTATION_PREFIX + "provider"
 ANN_INSTANCE = ANNOTATION_PREFIX + "instance-id"
 ANN_OFFER = ANNOTATION_PREFIX + "offer"
 ANN_PRICE = ANNOTATION_PREFIX + "price-per-hour"
+ANN_PLACEMENT = ANNOTATION_PREFIX + "placement"  # why it runs there (ProviderSelected, kept)
+# The provider as a label too, so `kubectl get pods -l vk-provider.io/provider=x` works.
+LABEL_PROVIDER = ANN_PROVIDER
 # Annotations the user writes (PRODUCT.md §6).
 ANN_GPU = ANNOTATION_PREFIX + "gpu"
 ANN_MIN_GPU_MEMORY = ANNOTATION_PREFIX + "min-gpu-memory"
