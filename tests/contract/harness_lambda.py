@@ -2,8 +2,9 @@
 
 ``FakeLambda`` keeps instances and SSH keys in dicts and answers the endpoints the adapter
 uses (instance types, launch, list, get, terminate, list and add SSH keys) with payloads shaped
-by the published document (``lambda-cloud-openapi-1.8.3.json``). Every request the adapter sends, and every
-documented response the fake gives, is validated against that document with openapi-core:
+by the published document (``lambda-cloud-openapi-1.8.3.json``). Every request the adapter
+sends, and every documented response the fake gives, is validated against that document with
+openapi-core:
 a request the real API would refuse fails the test where it is sent. ``fail`` injects the
 API's real error shapes (and malformed bodies) for the next calls of one endpoint.
 
