@@ -114,9 +114,12 @@ class SshVmShell:
             user=target.user, state_dir=target.state_dir, container=target.container
         )
         connection = await self._connection(target)
+        # Always some input: asyncssh closes standard input after it (an empty one would not
+        # be sent, and the probe would wait for it).
+        stdin = f"{passphrase or ''}\n"
         try:
             result = await asyncio.wait_for(
-                connection.run(command, input=passphrase or "", check=False, errors="replace"),
+                connection.run(command, input=stdin, check=False, errors="replace"),
                 self._command_timeout,
             )
         except (asyncssh.Error, OSError, TimeoutError) as exc:
