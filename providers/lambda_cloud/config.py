@@ -31,11 +31,13 @@ class LambdaProviderConfig(CloudProviderSettings):
     )
     ssh_user: str = Field("ubuntu", min_length=1, description="User the agent logs in as.")
     ssh_port: int = Field(22, ge=1, le=65535, description="SSH port of the VMs.")
+    # A poll reads every VM within connect + command timeout; the agent gives one
+    # list_ours 20 s (InstanceTracker), so the defaults leave room for the API call.
     ssh_connect_timeout_seconds: float = Field(
-        10, gt=0, le=120, description="Opening one SSH connection (TCP, handshake, login)."
+        5, gt=0, le=60, description="Opening one SSH connection (TCP, handshake, login)."
     )
     ssh_command_timeout_seconds: float = Field(
-        10, gt=0, le=120, description="One command over an open SSH connection."
+        10, gt=0, le=60, description="One command over an open SSH connection."
     )
     ssh_unreachable_seconds: float = Field(
         900,
