@@ -189,7 +189,17 @@ def ensure_sshd() -> SshdBinary:
         version = cached[-1].parent.name.removeprefix(f"{PACKAGE}-")  # offline: what we have
     target = cache_root() / f"{PACKAGE}-{version.replace(':', '_')}"
     if not (target / _MARKER).exists():
-        _fill(target, version)
+        try:
+            _fill(target, version)
+        except SshdUnavailable:
+            if os.geteuid() != 0:
+                raise
+            # Old package lists name a version the mirror no longer has: refresh, try again.
+            _run(["apt-get", "update", "-q"])
+            version = candidate_version()
+            target = cache_root() / f"{PACKAGE}-{version.replace(':', '_')}"
+            if not (target / _MARKER).exists():
+                _fill(target, version)
     _privilege_separation()
     library_path = _library_path(target, (target / _MARKER).read_text().strip())
     return SshdBinary(target / "usr" / "sbin" / "sshd", library_path)
