@@ -17,7 +17,7 @@ from datetime import datetime
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.domain import explain
 from vk_provider.domain.models import Instance
-from vk_provider.domain.podstatus import ContainerView, pod_status, status_changed
+from vk_provider.domain.podstatus import ContainerView, PodContainers, pod_status, status_changed
 from vk_provider.domain.podview import (
     ANN_INSTANCE,
     ANN_OFFER,
@@ -50,7 +50,7 @@ class PodWriter:
     async def status(
         self,
         pod: PodView,
-        view: ContainerView,
+        view: ContainerView | PodContainers,
         *,
         pod_ip: str | None = None,
         phase: str | None = None,

@@ -91,9 +91,10 @@ class ContainerStatus:
     finished_at: datetime | None = None  # terminated
     restart_count: int = 0
     last_termination: Termination | None = None
-    # The provider's own verdict of the readiness probe (a remote kubelet); None when the
-    # provider does not probe (the agent may).
+    # The provider's own verdicts of the readiness and startup probes (a remote kubelet);
+    # None when the provider does not probe (the agent may).
     ready: bool | None = None
+    started: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
