@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 
 from providers.memory.config import MemoryProviderConfig
 from providers.simulated import simulated_offer
-from vk_provider.domain.containers import ContainerState, ContainerStatus
+from vk_provider.domain.containers import ContainerState, ContainerStatus, Termination
 from vk_provider.domain.errors import CapacityUnavailable, NotFound, ProviderError
 from vk_provider.domain.models import (
     Capabilities,
@@ -278,6 +278,32 @@ class MemoryProvider:
             raise NotFound(f"no instance {instance_id!r}", provider=self.name)
         return
         yield b""  # pragma: no cover - makes this an async generator
+
+    async def restart_container(self, instance_id: str, container: str) -> None:
+        """A whole pod's container is killed and started again at once (no back-off here)."""
+        self._call("restart_container")
+        record = self._records.get(instance_id)
+        if record is None:
+            raise NotFound(f"no instance {instance_id!r}", provider=self.name)
+        current = next((c for c in record.instance.containers if c.name == container), None)
+        if current is None:
+            raise NotFound(
+                f"instance {instance_id} has no container {container!r}", provider=self.name
+            )
+        now = self._wall()
+        killed = Termination(
+            exit_code=137, reason="Error", started_at=current.started_at, finished_at=now
+        )
+        self.set_container(
+            instance_id,
+            ContainerStatus(
+                container,
+                ContainerState.RUNNING,
+                started_at=now,
+                restart_count=current.restart_count + 1,
+                last_termination=killed,
+            ),
+        )
 
     async def close(self) -> None:
         return None

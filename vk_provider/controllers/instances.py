@@ -82,8 +82,7 @@ class InstanceTracker:
         changed = {
             i.pod_uid
             for key, i in after.items()
-            if key not in before
-            or _signature(before[key]) != _signature(i)
+            if key not in before or _signature(before[key]) != _signature(i)
         }
         changed |= {i.pod_uid for key, i in before.items() if key not in after}
         for uid in changed:

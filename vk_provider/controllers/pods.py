@@ -34,7 +34,8 @@ from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.placer import Placer, PodMemory
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.controllers.podwriter import PodWriter
-from vk_provider.controllers.reporter import NoProbes, ProbeVerdicts, StatusReporter
+from vk_provider.controllers.prober import Prober
+from vk_provider.controllers.reporter import StatusReporter
 from vk_provider.controllers.workqueue import Backoff, QueueClosed, WorkQueue
 from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
@@ -86,10 +87,8 @@ class PodController:
         intervals: IntervalsConfig,
         workers: int,
         observer: ControllerObserver = NO_OBSERVER,
-        probes: ProbeVerdicts | None = None,
         now: Callable[[], datetime] = _wall_clock,
     ) -> None:
-        probes = probes or NoProbes()
         self._providers = dict(providers)
         self._offers = offers
         self._launcher = launcher
@@ -105,10 +104,13 @@ class PodController:
         self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
         self._memory: dict[PodKey, PodMemory] = {}
         self._write = PodWriter(kube, store=store, recorder=recorder, host_ip=host_ip, now=now)
+        # Probes the agent runs (providers whose containers it can reach); a verdict that
+        # changes re-syncs the pod, whose status then shows it.
+        self.prober = Prober(self._providers, on_change=self.queue.add, events=self._write.event)
         self._report = StatusReporter(
             self._write,
             self._providers,
-            probes=probes,
+            probes=self.prober,
             restart_backoff=intervals.restart_backoff_seconds,
             now=now,
         )
@@ -204,7 +206,10 @@ class PodController:
     # ------------------------------------------------------------------ workers
 
     async def run_workers(self) -> None:
-        await asyncio.gather(*(self._worker() for _ in range(self._workers)))
+        try:
+            await asyncio.gather(*(self._worker() for _ in range(self._workers)))
+        finally:
+            await self.prober.close()
 
     async def _worker(self) -> None:
         while True:

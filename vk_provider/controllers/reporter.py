@@ -48,14 +48,6 @@ class ProbeVerdicts(Protocol):
         ...
 
 
-class NoProbes:
-    def verdicts(self, pod: PodView, instance: Instance) -> Verdicts:
-        return {}
-
-    def forget(self, uid: str) -> None:
-        return None
-
-
 def _has_probes(pod: PodView) -> bool:
     return any(
         c.readiness_probe or c.startup_probe or c.liveness_probe
