@@ -197,6 +197,7 @@ def test_a_full_pod_translates_to_the_workload_spec() -> None:
                 working_dir="/workspace",
                 cpu=7.5,
                 memory_bytes=60 * 2**30,
+                gpu_count=2,
             ),
         ),
     )

@@ -130,6 +130,7 @@ def test_effective_resources_follow_kubelet() -> None:
     held = held_resources(pod)
     assert (held.gpus, held.cpu, held.memory_gib) == (2.0, 3.5, 8.0)
     assert [x.cpu for x in workload.containers] == [1.0, 2.0]
+    assert [x.gpu_count for x in (*workload.containers, *workload.init_containers)] == [1, 0, 2, 0]
 
 
 @pytest.mark.parametrize(

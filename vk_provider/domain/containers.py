@@ -52,6 +52,7 @@ class ContainerSpec:
     working_dir: str | None = None
     cpu: float = 0.0
     memory_bytes: int = 0
+    gpu_count: int = 0
     # Init containers only: "Always" makes it a native sidecar (runs beside the app).
     restart_policy: str | None = None
     startup_probe: Probe | None = None

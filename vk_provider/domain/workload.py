@@ -145,6 +145,7 @@ def _container(
         working_dir=string_field(container, "workingDir", f"{path}.workingDir") or None,
         cpu=float(sizes.cpu),
         memory_bytes=ceil_int(sizes.memory),
+        gpu_count=sizes.gpus,
         restart_policy=restart_policy,
         startup_probe=startup,
         readiness_probe=readiness,
