@@ -298,6 +298,15 @@ class KubeClient:
             self.core.create_node(dict(node), _preload_content=False, _request_timeout=_TIMEOUT)
         )
 
+    async def delete_node(self, name: str) -> None:
+        """Delete the Node (gone already is fine)."""
+        try:
+            await _json(
+                self.core.delete_node(name, _preload_content=False, _request_timeout=_TIMEOUT)
+            )
+        except NotFoundError:
+            return
+
     async def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON:
         return await _json(
             self.core.patch_node(
