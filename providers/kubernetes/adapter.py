@@ -55,6 +55,7 @@ import httpx
 
 from providers.http import Classify, ErrorAnswer, JsonApi
 from providers.kubernetes.config import KubernetesProviderConfig
+from providers.kubernetes.containers import JSON
 from providers.kubernetes.failures import (
     ApiFailure,
     Call,
@@ -64,7 +65,7 @@ from providers.kubernetes.failures import (
 )
 from providers.kubernetes.kubeconfig import build_transport, kubeconfig_base_dir, load_kubeconfig
 from providers.kubernetes.logs import LineSplitter, container_name, log_params
-from providers.kubernetes.manifests import JSON, build_pod, build_secret, owner_reference
+from providers.kubernetes.manifests import build_pod, build_secret, owner_reference
 from providers.kubernetes.names import LABEL_MANAGED_BY, is_pod_name, label_value, pod_name
 from providers.kubernetes.offers import (
     OfferScope,

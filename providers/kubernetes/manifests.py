@@ -1,21 +1,23 @@
 """The manifests the Kubernetes adapter writes into cluster B: the Pod and its Secret.
 
-The remote pod. ``restartPolicy: Never`` (restarts are the agent's job, as attempts),
-``automountServiceAccountToken: false`` and ``enableServiceLinks: false`` (a workload from
-cluster A gets no credentials or service addresses of B). Image, command, args, workingDir,
-ports and env come from the ``WorkloadSpec``. Resources: requests are the workload's own
-(cpu, memory; set explicitly, even to 0, so that limits do not become requests), limits are
-the offer's shape (vCPUs, memory, ``nvidia.com/gpu``): the pod is guaranteed what it asked
-for and may burst to what was paid for. Scheduling: it tolerates every taint with the key
-``virtual-kubelet.io/provider`` (so B may itself be a virtual-kubelet burst cluster) and, when
-it uses GPUs, every ``nvidia.com/gpu`` taint (the customary taint of GPU node pools); a
-required node affinity keeps it in the offer's region (nodes labelled
-``topology.kubernetes.io/region=<region>``, plus unlabelled nodes when the region is the
-fallback one).
+The remote pod is the whole pod: every app container and init container of the workload, in
+order, native sidecars keeping ``restartPolicy: Always`` (``containers``), each with its own
+command, args, workingDir, ports, env and probes. Its ``restartPolicy`` is the pod's own: B's
+kubelet restarts containers, runs init containers and sidecars and runs the probes, so this
+adapter never asks the agent for a second attempt. ``automountServiceAccountToken: false``
+and ``enableServiceLinks: false``: a workload from cluster A gets no credentials or service
+addresses of B. Resources (``resources``): one container gets the workload's requests and the
+offer's shape as limits; several containers each request their own and share the shape's
+limits. Scheduling: it tolerates every taint with the key ``virtual-kubelet.io/provider`` (so
+B may itself be a virtual-kubelet burst cluster) and, when it uses GPUs, every
+``nvidia.com/gpu`` taint (the customary taint of GPU node pools); a required node affinity
+keeps it in the offer's region (nodes labelled ``topology.kubernetes.io/region=<region>``,
+plus unlabelled nodes when the region is the fallback one).
 
-Secrets. Environment values that came from a Secret (``EnvVar.secret``) never appear in the
-remote pod spec: they go into a Secret of the same name in B, referenced by ``secretKeyRef``;
-``owner_reference`` makes the pod that Secret's owner once the pod exists.
+Secrets. Environment values that came from a Secret (``EnvVar.secret``), of any container,
+never appear in the remote pod spec: they go into one Secret per launch, of the pod's name, in
+B, under a key per (container, variable) (``names.secret_keys``), referenced by
+``secretKeyRef``; ``owner_reference`` makes the pod that Secret's owner once the pod exists.
 
 Invariants: pure; ``build_pod`` raises ``InvalidSpec`` only for what B can never run
 (everything else is left to B's validation, whose 422 names the field).
@@ -24,10 +26,14 @@ Invariants: pure; ``build_pod`` raises ``InvalidSpec`` only for what B can never
 from __future__ import annotations
 
 import base64
-import math
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Mapping, Sequence
 
+from providers.kubernetes.containers import (
+    JSON,
+    container_json,
+    every_container,
+    workload_containers,
+)
 from providers.kubernetes.names import (
     ANN_ATTEMPT,
     ANN_OFFER,
@@ -37,29 +43,11 @@ from providers.kubernetes.names import (
     owner_labels,
     secret_keys,
 )
-from providers.kubernetes.offers import (
-    GPU_RESOURCE,
-    GPU_TOLERATIONS,
-    REGION_LABEL,
-    TOLERATIONS,
-    Shape,
-)
+from providers.kubernetes.offers import GPU_TOLERATIONS, REGION_LABEL, TOLERATIONS, Shape
+from providers.kubernetes.resources import container_resources
 from providers.payload import MalformedResponse, mapping
-from vk_provider.domain.errors import InvalidSpec
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.models import Offer, WorkloadSpec
-
-JSON = dict[str, object]
-_CONTAINER: Final = "spec.containers[0]"
-
-
-def cpu_quantity(vcpus: float) -> str:
-    """vCPUs as millicores (``1500m``), rounded up."""
-    return f"{math.ceil(round(vcpus * 1000, 6))}m"
-
-
-def memory_quantity(gib: float) -> str:
-    """GiB as MiB (``1536Mi``), rounded up."""
-    return f"{math.ceil(round(gib * 1024, 6))}Mi"
 
 
 def build_secret(spec: WorkloadSpec, *, name: str, namespace: str, provider: str) -> JSON | None:
@@ -68,8 +56,9 @@ def build_secret(spec: WorkloadSpec, *, name: str, namespace: str, provider: str
     if not keys:
         return None
     data = {
-        keys[var.name]: base64.b64encode(var.value.encode()).decode()
-        for var in spec.env
+        keys[(container.name, var.name)]: base64.b64encode(var.value.encode()).decode()
+        for container in every_container(spec)
+        for var in container.env
         if var.secret
     }
     return {
@@ -112,44 +101,32 @@ def build_pod(
 ) -> JSON:
     """The remote Pod for ``spec`` on ``shape``; raises ``InvalidSpec`` for what B can never
     run (everything else is left to B's validation, whose 422 names the field)."""
-    if not spec.image.strip():
-        raise InvalidSpec("a pod needs an image", field=f"{_CONTAINER}.image")
+    apps, inits = workload_containers(spec)
     keys = secret_keys(spec)
-    env: list[JSON] = []
-    for var in spec.env:
-        if var.secret:
-            if secret_name is None:
-                raise ValueError("secret env values need a Secret")  # a bug, not a spec error
-            ref = {"name": secret_name, "key": keys[var.name]}
-            env.append({"name": var.name, "valueFrom": {"secretKeyRef": ref}})
-        else:
-            env.append({"name": var.name, "value": var.value})
-    container: JSON = {"name": spec.container_name or "main", "image": spec.image}
-    if spec.command:
-        container["command"] = list(spec.command)
-    if spec.args:
-        container["args"] = list(spec.args)
-    if spec.working_dir:
-        container["workingDir"] = spec.working_dir
-    if env:
-        container["env"] = env
-    if spec.ports:
-        container["ports"] = [
-            {"containerPort": p.container_port, "protocol": p.protocol}
-            | ({"name": p.name} if p.name else {})
-            for p in spec.ports
+    init_resources, app_resources = container_resources(spec, shape, apps=apps, inits=inits)
+
+    def built(kind: str, containers: Sequence[ContainerSpec], resources: list[JSON]) -> list[JSON]:
+        return [
+            container_json(
+                container,
+                path=f"spec.{kind}[{index}]",
+                keys=keys,
+                secret_name=secret_name,
+                resources=resources[index],
+            )
+            for index, container in enumerate(containers)
         ]
-    limits: dict[str, str] = {
-        "cpu": cpu_quantity(shape.vcpus),
-        "memory": memory_quantity(shape.memory_gib),
+
+    body: JSON = {
+        "restartPolicy": spec.restart_policy,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "tolerations": [dict(t) for t in (GPU_TOLERATIONS if shape.gpus else TOLERATIONS)],
+        "affinity": region_affinity(offer.region, fallback=offer.region == fallback_region),
     }
-    if shape.gpus:
-        limits[GPU_RESOURCE] = str(shape.gpus)
-    container["resources"] = {
-        # Explicit requests, even 0: without them the API server would copy the limits.
-        "requests": {"cpu": cpu_quantity(spec.cpu), "memory": str(max(0, spec.memory_bytes))},
-        "limits": limits,
-    }
+    if inits:
+        body["initContainers"] = built("initContainers", inits, init_resources)
+    body["containers"] = built("containers", apps, app_resources)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -165,14 +142,7 @@ def build_pod(
                 ANN_SOURCE: f"{spec.namespace}/{spec.pod_name}",
             },
         },
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "tolerations": [dict(t) for t in (GPU_TOLERATIONS if shape.gpus else TOLERATIONS)],
-            "affinity": region_affinity(offer.region, fallback=offer.region == fallback_region),
-            "containers": [container],
-        },
+        "spec": body,
     }
 
 

@@ -8,7 +8,8 @@ attempt verbatim (labels may have to hash them) and carry the offer key, the pri
 source pod (distinct from the ``vk-provider.io/`` annotations an agent of ours running in B
 writes onto the same pods). The name is deterministic, so a second create of the same request
 meets 409 AlreadyExists. ``list_ours`` selects by the managed-by label, so two agents sharing
-one namespace of B must use different provider names.
+one namespace of B must use different provider names. The launch's Secret (secret env
+values) has the pod's name; its keys are ``<container>.<variable>`` (``secret_keys``).
 
 Invariants: pure; every name is a DNS-1123 label and every label value a valid one.
 """
@@ -19,6 +20,7 @@ import hashlib
 import re
 from typing import Final
 
+from providers.kubernetes.containers import every_container
 from vk_provider.domain.models import WorkloadSpec
 
 LABEL_MANAGED_BY: Final = "vk-provider.io/managed-by"
@@ -37,6 +39,7 @@ NAME_PREFIX: Final = "vk-"
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+_SECRET_KEY_MAX = 253
 
 
 def _digest(text: str, length: int) -> str:
@@ -64,13 +67,30 @@ def is_pod_name(text: str) -> bool:
     return len(text) <= 63 and _DNS_LABEL.fullmatch(text) is not None
 
 
-def secret_keys(spec: WorkloadSpec) -> dict[str, str]:
-    """The Secret key of each secret env var: its name when that is a valid key, else
-    ``env-<index>``."""
-    keys: dict[str, str] = {}
-    for index, var in enumerate(spec.env):
-        if var.secret:
-            keys[var.name] = var.name if _SECRET_KEY.fullmatch(var.name) else f"env-{index}"
+def secret_keys(spec: WorkloadSpec) -> dict[tuple[str, str], str]:
+    """The Secret key of each secret env var, by (container, variable): ``<container>.<name>``
+    when that is a valid key, else ``<container>.env-<index>`` (made unique with a suffix if a
+    variable is literally called that). Container names are DNS labels, without dots, so the
+    first dot separates them and keys of different containers never meet."""
+    keys: dict[tuple[str, str], str] = {}
+    fallbacks: list[tuple[tuple[str, str], str]] = []
+    for container in every_container(spec):
+        for index, var in enumerate(container.env):
+            if not var.secret:
+                continue
+            literal = f"{container.name}.{var.name}"
+            if len(literal) <= _SECRET_KEY_MAX and _SECRET_KEY.fullmatch(literal):
+                keys[(container.name, var.name)] = literal
+            else:
+                fallbacks.append(((container.name, var.name), f"{container.name}.env-{index}"))
+    used = set(keys.values())
+    for where, candidate in fallbacks:
+        key, suffix = candidate, 0
+        while key in used:
+            suffix += 1
+            key = f"{candidate}-{suffix}"
+        used.add(key)
+        keys[where] = key
     return keys
 
 

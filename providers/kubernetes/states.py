@@ -1,21 +1,30 @@
 """What a remote pod says about its instance (``observe``, ``parse_instance``).
 
+The remote pod is the whole pod and B's kubelet restarts its containers per its restart
+policy, so the instance is the pod: it runs while the pod's phase is Running, and once the
+phase is Succeeded or Failed the pod has ended for good (the agent never relaunches it). Every
+container is reported (``statuses``), init containers included.
+
 States, first match wins:
 
-| remote pod                                                    | instance state      |
-|---------------------------------------------------------------|---------------------|
-| ``metadata.deletionTimestamp`` set                            | TERMINATING         |
-| ``status.reason`` Evicted, Preempting, NodeLost, Shutdown,    | LOST                |
-| NodeShutdown, Terminated, UnexpectedAdmissionError, OutOf*;   |                     |
-| or condition DisruptionTarget=True                            |                     |
-| phase Pending (unscheduled, ContainerCreating, pulling, ...)  | PENDING             |
-| phase Running, container running                              | RUNNING (podIP)     |
-| phase Running/Succeeded/Failed, container terminated          | EXITED (exit code)  |
-| phase Succeeded without a container status                    | EXITED (0)          |
-| phase Failed without a terminated container                   | LOST                |
-| phase Unknown                                                 | LOST                |
+| remote pod                                                    | instance state         |
+|---------------------------------------------------------------|------------------------|
+| ``metadata.deletionTimestamp`` set                            | TERMINATING            |
+| ``status.reason`` Evicted, Preempting, NodeLost, Shutdown,    | LOST                   |
+| NodeShutdown, Terminated, UnexpectedAdmissionError, OutOf*;   |                        |
+| or condition DisruptionTarget=True                            |                        |
+| phase Pending (unscheduled, init containers running, pulling) | PENDING (why it waits) |
+| phase Running (even while a container crash-loops or ended)   | RUNNING (podIP)        |
+| phase Succeeded                                               | EXITED (0)             |
+| phase Failed, an app or init container failed (exit code > 0) | EXITED (exit code)     |
+| phase Failed, no container failed (it failed before any ran)  | LOST                   |
+| phase Unknown                                                 | LOST                   |
 
-A deleted pod is gone from the API: ``get`` raises ``NotFound`` (never TERMINATED).
+The exit code of a Failed pod is the first failed app container's (in spec order), else the
+failed init container's. An ended pod reports every app container, so the agent sees a whole
+pod even when B never reported one: one B has no status for is terminated with 0 in a
+Succeeded pod, waiting (PodInitializing) in a Failed one. A deleted pod is gone from the API:
+``get`` raises ``NotFound`` (never TERMINATED).
 
 Invariants: pure; a pod that is not provably ours (label and annotations) is None, one of ours
 that cannot be read is ``MalformedResponse``.
@@ -24,7 +33,7 @@ that cannot be read is ``MalformedResponse``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Final
 
@@ -36,7 +45,9 @@ from providers.kubernetes.names import (
     LABEL_MANAGED_BY,
     label_value,
 )
+from providers.kubernetes.statuses import PodContainers, pod_containers
 from providers.payload import MalformedResponse, mapping, text, timestamp
+from vk_provider.domain.containers import ContainerState, ContainerStatus
 from vk_provider.domain.models import Instance, InstanceState, WorkloadSpec
 
 LOST_REASONS: Final = frozenset(
@@ -61,14 +72,8 @@ class Observation:
     exit_code: int | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
-
-
-def _container_state(status: Mapping[str, object]) -> Mapping[str, object]:
-    statuses = status.get("containerStatuses")
-    if not isinstance(statuses, list) or not statuses or not isinstance(statuses[0], dict):
-        return {}
-    state = statuses[0].get("state")
-    return state if isinstance(state, dict) else {}
+    containers: tuple[ContainerStatus, ...] = ()
+    init_containers: tuple[ContainerStatus, ...] = ()
 
 
 def _disrupted(status: Mapping[str, object]) -> str | None:
@@ -87,48 +92,105 @@ def _disrupted(status: Mapping[str, object]) -> str | None:
     return None
 
 
+def _failed(status: ContainerStatus) -> bool:
+    return status.state is ContainerState.TERMINATED and (status.exit_code or 0) != 0
+
+
+def _ended(seen: PodContainers, *, succeeded: bool) -> tuple[ContainerStatus, ...]:
+    """Every app container of an ended pod, in spec order (see the module docstring)."""
+    reported = {c.name: c for c in seen.apps}
+    missing = [
+        ContainerStatus(name, ContainerState.TERMINATED, reason="Completed", exit_code=0)
+        if succeeded
+        else ContainerStatus(name, ContainerState.WAITING, reason="PodInitializing")
+        for name in seen.app_names
+        if name not in reported
+    ]
+    return seen.apps + tuple(missing)
+
+
+def _waiting(seen: PodContainers) -> str:
+    """Why a Pending pod's containers wait: the first init container not done, else the first
+    app container that waits with a reason."""
+    for init in seen.inits:
+        if init.state is ContainerState.RUNNING:
+            return f"PodInitializing: init container {init.name} is running"
+        if init.state is ContainerState.WAITING and init.reason:
+            return f"{init.reason}: {init.message}" if init.message else init.reason
+    for app in seen.apps:
+        if app.state is ContainerState.WAITING and app.reason and app.reason != "PodInitializing":
+            return f"{app.reason}: {app.message}" if app.message else app.reason
+    return ""
+
+
 def observe(pod: Mapping[str, object]) -> Observation:
     """The state table of the module docstring; raises ``MalformedResponse`` for a phase it
     does not know."""
     metadata = mapping(pod.get("metadata"), "pod metadata")
     status = mapping(pod.get("status"), "pod status")
-    state = _container_state(status)
-    running = mapping(state.get("running"), "container state running")
-    terminated = mapping(state.get("terminated"), "container state terminated")
-    waiting = mapping(state.get("waiting"), "container state waiting")
-    started = timestamp(running.get("startedAt")) or timestamp(terminated.get("startedAt"))
-    finished = timestamp(terminated.get("finishedAt"))
-    exit_code = terminated.get("exitCode") if terminated else None
-    code = exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None
+    seen = pod_containers(pod)
+    started = next((c.started_at for c in seen.apps if c.started_at), None)
+    base = Observation(
+        InstanceState.PENDING,
+        started_at=started or timestamp(status.get("startTime")),
+        containers=seen.apps,
+        init_containers=seen.inits,
+    )
     if metadata.get("deletionTimestamp"):
-        return Observation(InstanceState.TERMINATING, "deletion requested", code, started, finished)
+        return replace(base, state=InstanceState.TERMINATING, message="deletion requested")
     message = text(status, "message")
     disruption = _disrupted(status)
     if disruption is not None:
         why = f"{disruption}: {message}" if message else disruption
-        return Observation(InstanceState.LOST, f"pod taken away by the cluster ({why})")
+        return replace(
+            base, state=InstanceState.LOST, message=f"pod taken away by the cluster ({why})"
+        )
     phase = text(status, "phase")
     if phase == "Pending":
-        why = text(waiting, "reason") or _pending_reason(status)
-        detail = text(waiting, "message")
-        return Observation(InstanceState.PENDING, f"{why}: {detail}" if detail else why)
-    if phase in ("Running", "Succeeded", "Failed") and terminated:
-        reason = text(terminated, "reason")
-        return Observation(
-            InstanceState.EXITED, reason, code if code is not None else 1, started, finished
-        )
+        return replace(base, message=_waiting(seen) or _pending_reason(status))
     if phase == "Running":
-        return Observation(
-            InstanceState.RUNNING, "", None, started or timestamp(status.get("startTime"))
-        )
-    if phase == "Succeeded":
-        return Observation(InstanceState.EXITED, "Completed", 0, started, finished)
-    if phase == "Failed":
-        why = text(status, "reason") or "Failed"
-        return Observation(InstanceState.LOST, f"pod failed before its container ran ({why})")
+        return replace(base, state=InstanceState.RUNNING)
+    if phase == "Succeeded" or phase == "Failed":
+        return _ended_pod(base, seen, status, succeeded=phase == "Succeeded")
     if phase == "Unknown":
-        return Observation(InstanceState.LOST, "the cluster lost contact with the pod's node")
+        return replace(
+            base, state=InstanceState.LOST, message="the cluster lost contact with the pod's node"
+        )
     raise MalformedResponse(f"pod phase {phase!r} is not a Kubernetes pod phase")
+
+
+def _ended_pod(
+    base: Observation, seen: PodContainers, status: Mapping[str, object], *, succeeded: bool
+) -> Observation:
+    """The rows of a Succeeded or Failed pod."""
+    failed = next((c for c in (*seen.apps, *seen.inits) if _failed(c)), None)
+    if not succeeded and failed is None:
+        why = text(status, "reason") or "Failed"
+        ran = any(c.state is ContainerState.TERMINATED for c in (*seen.apps, *seen.inits))
+        message = (
+            f"pod failed, but none of its containers did ({why})"
+            if ran
+            else f"pod failed before any container ran ({why})"
+        )
+        return replace(base, state=InstanceState.LOST, message=message)
+    finished = max((c.finished_at for c in seen.apps if c.finished_at), default=None)
+    ended = replace(
+        base,
+        state=InstanceState.EXITED,
+        exit_code=0,
+        message="Completed",
+        finished_at=finished,
+        containers=_ended(seen, succeeded=succeeded),
+    )
+    if failed is None:
+        return ended
+    return replace(
+        ended,
+        exit_code=failed.exit_code,
+        message=f"container {failed.name}: {failed.reason or 'Error'} (exit code "
+        f"{failed.exit_code})",
+        finished_at=finished or failed.finished_at,
+    )
 
 
 def _pending_reason(status: Mapping[str, object]) -> str:
@@ -184,6 +246,8 @@ def parse_instance(pod: object, *, provider: str) -> Instance | None:
         finished_at=seen.finished_at,
         ip=ip if isinstance(ip, str) and ip else None,
         price_per_hour=price_per_hour,
+        containers=seen.containers,
+        init_containers=seen.init_containers,
     )
 
 

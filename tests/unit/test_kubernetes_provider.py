@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from providers.kubernetes import states
 from providers.kubernetes.adapter import DEFAULT_RETRY, KubernetesProvider
 from providers.kubernetes.config import KubernetesProviderConfig
 from providers.kubernetes.failures import ApiFailure, Call, api_failure, classify_failure
@@ -46,6 +47,7 @@ from providers.kubernetes.names import (
     LABEL_POD_UID,
     label_value,
     pod_name,
+    secret_keys,
 )
 from providers.kubernetes.offers import (
     GPU_RESOURCE,
@@ -63,6 +65,7 @@ from providers.kubernetes.states import observe, parse_instance
 from providers.payload import MalformedResponse
 from tests.unit import canary
 from vk_provider.domain.breaker import counts_as_failure
+from vk_provider.domain.containers import ContainerSpec, ContainerState, Probe
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -824,7 +827,8 @@ def test_the_pod_carries_the_workload_and_its_identity() -> None:
     }
     assert metadata["annotations"][ANN_OFFER] == f"{PROVIDER}/1gpu.8cpu.32gib/remote"
     assert float(metadata["annotations"][ANN_PRICE]) == pytest.approx(2.4)
-    assert body["restartPolicy"] == "Never"
+    assert body["restartPolicy"] == "Always"  # the pod's own: B's kubelet restarts containers
+    assert "initContainers" not in body
     assert body["automountServiceAccountToken"] is False
     assert body["enableServiceLinks"] is False
     assert body["tolerations"] == [
@@ -893,8 +897,8 @@ def test_secret_values_go_to_the_secret_and_are_referenced() -> None:
     secret = build_secret(spec, name=name, namespace=NAMESPACE, provider=PROVIDER)
     assert secret is not None
     assert secret["data"] == {
-        "API_TOKEN": _b64(b"hunter2"),
-        "env-2": _b64(b"s3cret"),
+        "main.API_TOKEN": _b64(b"hunter2"),
+        "main.env-2": _b64(b"s3cret"),
     }
     assert secret["metadata"] == {
         "name": name,
@@ -915,8 +919,14 @@ def test_secret_values_go_to_the_secret_and_are_referenced() -> None:
     assert "hunter2" not in text and "s3cret" not in text
     assert pod["spec"]["containers"][0]["env"] == [  # type: ignore[index]
         {"name": "PLAIN", "value": "visible"},
-        {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "API_TOKEN"}}},
-        {"name": "weird name!", "valueFrom": {"secretKeyRef": {"name": name, "key": "env-2"}}},
+        {
+            "name": "API_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": name, "key": "main.API_TOKEN"}},
+        },
+        {
+            "name": "weird name!",
+            "valueFrom": {"secretKeyRef": {"name": name, "key": "main.env-2"}},
+        },
     ]
     assert build_secret(_spec(), name=name, namespace=NAMESPACE, provider=PROVIDER) is None
 
@@ -936,6 +946,302 @@ def test_a_pod_without_an_image_is_invalid() -> None:
     assert raised.value.field == "spec.containers[0].image"
 
 
+def _whole_spec(
+    *,
+    policy: str = "OnFailure",
+    gpus: tuple[int, int] = (1, 0),
+    env: tuple[EnvVar, ...] = (),
+    sidecar_env: tuple[EnvVar, ...] = (),
+) -> WorkloadSpec:
+    """Two app containers, a plain init container and a native sidecar, with probes."""
+    train = ContainerSpec(
+        name="train",
+        image="example.com/train:1",
+        command=("python", "train.py"),
+        args=("--epochs", "3"),
+        env=env,
+        ports=(Port(8080, "TCP", "http"),),
+        working_dir="/work",
+        cpu=2.0,
+        memory_bytes=4 * 2**30,
+        gpu_count=gpus[0],
+        startup_probe=Probe(kind="exec", command=("cat", "/tmp/ready"), failure_threshold=30),
+        readiness_probe=Probe(
+            kind="http",
+            port=8080,
+            path="/healthz",
+            headers=(("X-Probe", "1"),),
+            period_seconds=5,
+            success_threshold=2,
+        ),
+        liveness_probe=Probe(kind="grpc", port=9090, grpc_service="train", timeout_seconds=3),
+    )
+    exporter = ContainerSpec(
+        name="exporter",
+        image="example.com/exporter:1",
+        args=("--port", "9100"),
+        ports=(Port(9100),),
+        cpu=0.5,
+        memory_bytes=256 * 2**20,
+        gpu_count=gpus[1],
+        readiness_probe=Probe(kind="tcp", port=9100, host="127.0.0.1", initial_delay_seconds=2),
+    )
+    fetch = ContainerSpec(
+        name="fetch-weights",
+        image="example.com/fetch:1",
+        command=("fetch", "s3://weights"),
+        cpu=4.0,
+        memory_bytes=2 * 2**30,
+    )
+    proxy = ContainerSpec(
+        name="proxy",
+        image="example.com/proxy:1",
+        env=sidecar_env,
+        restart_policy="Always",
+        cpu=0.25,
+        memory_bytes=128 * 2**20,
+    )
+    return WorkloadSpec(
+        pod_uid=UID,
+        namespace="team-a",
+        pod_name="train",
+        container_name="train",
+        image=train.image,
+        command=train.command,
+        args=train.args,
+        env=train.env,
+        ports=train.ports,
+        working_dir=train.working_dir,
+        gpu_count=sum(gpus),
+        cpu=4.0,  # the largest plain init container (apps + sidecar: 2.75)
+        memory_bytes=int(4.375 * 2**30),
+        containers=(train, exporter),
+        init_containers=(fetch, proxy),
+        restart_policy=policy,
+    )
+
+
+def _build(spec: WorkloadSpec, shape: Shape = GPU_SHAPE, *, secret: bool = False) -> JSON:
+    return build_pod(
+        spec,
+        shape,
+        name=pod_name(spec),
+        namespace=NAMESPACE,
+        provider=PROVIDER,
+        offer=_offer(shape),
+        fallback_region="remote",
+        secret_name=pod_name(spec) if secret else None,
+    )
+
+
+def test_a_whole_pod_keeps_every_container_in_order_with_its_own_fields() -> None:
+    body = _build(_whole_spec(policy="OnFailure"))["spec"]
+    assert body["restartPolicy"] == "OnFailure"  # the pod's own: B's kubelet restarts
+    assert [c["name"] for c in body["initContainers"]] == ["fetch-weights", "proxy"]
+    assert [c["name"] for c in body["containers"]] == ["train", "exporter"]
+    fetch, proxy = body["initContainers"]
+    assert "restartPolicy" not in fetch
+    assert proxy["restartPolicy"] == "Always"  # a native sidecar stays one
+    assert fetch["command"] == ["fetch", "s3://weights"]
+    train, exporter = body["containers"]
+    assert {k: train[k] for k in ("image", "command", "args", "workingDir", "ports")} == {
+        "image": "example.com/train:1",
+        "command": ["python", "train.py"],
+        "args": ["--epochs", "3"],
+        "workingDir": "/work",
+        "ports": [{"containerPort": 8080, "protocol": "TCP", "name": "http"}],
+    }
+    assert exporter["args"] == ["--port", "9100"]
+    assert exporter["ports"] == [{"containerPort": 9100, "protocol": "TCP"}]
+    assert "command" not in exporter and "workingDir" not in exporter and "env" not in exporter
+
+
+def test_probes_go_back_to_kubernetes_json_with_every_timing_field() -> None:
+    train, exporter = _build(_whole_spec())["spec"]["containers"]
+
+    def timing(
+        initial: int = 0, period: int = 10, timeout: int = 1, ok: int = 1, bad: int = 3
+    ) -> JSON:
+        return {
+            "initialDelaySeconds": initial,
+            "periodSeconds": period,
+            "timeoutSeconds": timeout,
+            "successThreshold": ok,
+            "failureThreshold": bad,
+        }
+
+    assert train["startupProbe"] == {"exec": {"command": ["cat", "/tmp/ready"]}} | timing(bad=30)
+    assert train["readinessProbe"] == {
+        "httpGet": {
+            "path": "/healthz",
+            "port": 8080,
+            "scheme": "HTTP",
+            "httpHeaders": [{"name": "X-Probe", "value": "1"}],
+        }
+    } | timing(period=5, ok=2)
+    assert train["livenessProbe"] == {"grpc": {"port": 9090, "service": "train"}} | timing(
+        timeout=3
+    )
+    assert exporter["readinessProbe"] == {
+        "tcpSocket": {"port": 9100, "host": "127.0.0.1"}
+    } | timing(initial=2)
+    assert "livenessProbe" not in exporter and "startupProbe" not in exporter
+
+
+def _limits(container: JSON) -> JSON:
+    return dict(container["resources"].get("limits", {}))
+
+
+def test_each_container_requests_its_own_and_gets_its_own_gpus() -> None:
+    body = _build(_whole_spec(gpus=(1, 1)), Shape(2, 16.0, 64.0))["spec"]
+    fetch, proxy = body["initContainers"]
+    train, exporter = body["containers"]
+    assert train["resources"]["requests"] == {"cpu": "2000m", "memory": str(4 * 2**30)}
+    assert exporter["resources"]["requests"] == {"cpu": "500m", "memory": str(256 * 2**20)}
+    assert proxy["resources"]["requests"] == {"cpu": "250m", "memory": str(128 * 2**20)}
+    assert fetch["resources"]["requests"] == {"cpu": "4000m", "memory": str(2 * 2**30)}
+    # Each GPU goes to the container that asked for it; the others get none.
+    assert (_limits(train)[GPU_RESOURCE], _limits(exporter)[GPU_RESOURCE]) == ("1", "1")
+    assert GPU_RESOURCE not in _limits(proxy) and GPU_RESOURCE not in _limits(fetch)
+
+
+def test_limits_share_the_shape_among_what_runs_together() -> None:
+    body = _build(_whole_spec())["spec"]  # on 1 GPU, 8 vCPUs, 32 GiB
+    fetch, proxy = body["initContainers"]
+    train, exporter = body["containers"]
+    # Apps and sidecar run together: requests 2 + 0.5 + 0.25 vCPUs leave 5.25 for 3 (1.75 each).
+    assert [_limits(c)["cpu"] for c in (proxy, train, exporter)] == ["2000m", "3750m", "2250m"]
+    together = sum(read_quantity(_limits(c)["memory"]) for c in (proxy, train, exporter))
+    assert together <= 32 * 2**30
+    assert sum(read_quantity(_limits(c)["cpu"]) for c in (proxy, train, exporter)) == 8
+    # The plain init container runs before the apps, beside no sidecar yet: the whole shape.
+    assert _limits(fetch) == {"cpu": "8000m", "memory": "32768Mi"}
+    for container in (fetch, proxy, train, exporter):
+        requests = container["resources"]["requests"]
+        for resource in ("cpu", "memory"):
+            assert read_quantity(requests[resource]) <= read_quantity(_limits(container)[resource])
+
+
+def test_an_init_container_after_a_sidecar_gets_what_the_sidecar_leaves() -> None:
+    spec = _whole_spec()
+    fetch, proxy = spec.init_containers
+    later = dataclasses.replace(spec, init_containers=(proxy, fetch))
+    proxy_json, fetch_json = _build(later)["spec"]["initContainers"]
+    assert _limits(proxy_json)["cpu"] == "2000m"
+    assert _limits(fetch_json)["cpu"] == "6000m"  # 8 vCPUs minus the sidecar's 2
+    memory = read_quantity(_limits(proxy_json)["memory"]) + read_quantity(
+        _limits(fetch_json)["memory"]
+    )
+    assert memory == 32 * 2**30
+
+
+def test_a_container_that_asks_nothing_of_a_full_shape_gets_no_zero_limit() -> None:
+    spec = _whole_spec()
+    train, exporter = spec.containers
+    full = dataclasses.replace(
+        spec,
+        containers=(dataclasses.replace(train, cpu=8.0), dataclasses.replace(exporter, cpu=0)),
+        init_containers=(),
+        cpu=8.0,
+    )
+    train_json, exporter_json = _build(full)["spec"]["containers"]
+    assert _limits(train_json)["cpu"] == "8000m"
+    assert "cpu" not in _limits(exporter_json)  # 0 would mean "no limit" to kubelet anyway
+    assert exporter_json["resources"]["requests"]["cpu"] == "0m"
+
+
+def test_one_listed_container_keeps_the_single_container_resources() -> None:
+    old = _spec()  # an older caller: no containers, the top-level fields
+    listed = dataclasses.replace(
+        old,
+        containers=(
+            ContainerSpec(
+                name="main",
+                image=old.image,
+                command=old.command,
+                args=old.args,
+                ports=old.ports,
+                working_dir=old.working_dir,
+                cpu=old.cpu,
+                memory_bytes=old.memory_bytes,
+                gpu_count=old.gpu_count,
+            ),
+        ),
+    )
+    assert _build(listed) == _build(old)
+    (container,) = _build(old)["spec"]["containers"]
+    assert container["resources"] == {
+        "requests": {"cpu": "2000m", "memory": str(4 * 2**30)},
+        "limits": {"cpu": "8000m", "memory": "32768Mi", GPU_RESOURCE: "1"},
+    }
+
+
+def test_secret_keys_are_unique_per_container_and_variable() -> None:
+    spec = _whole_spec(
+        env=(
+            EnvVar("API_TOKEN", "train-token", secret=True),
+            EnvVar("weird name!", "w1", secret=True),
+            EnvVar("MODE", "fast"),
+        ),
+        sidecar_env=(
+            EnvVar("API_TOKEN", "proxy-token", secret=True),
+            EnvVar("env-0", "literal", secret=True),
+            EnvVar("odd=", "w2", secret=True),
+        ),
+    )
+    keys = secret_keys(spec)
+    assert keys == {
+        ("train", "API_TOKEN"): "train.API_TOKEN",
+        ("train", "weird name!"): "train.env-1",
+        ("proxy", "API_TOKEN"): "proxy.API_TOKEN",
+        ("proxy", "env-0"): "proxy.env-0",
+        ("proxy", "odd="): "proxy.env-2",
+    }
+    name = pod_name(spec)
+    secret = build_secret(spec, name=name, namespace=NAMESPACE, provider=PROVIDER)
+    assert secret is not None
+    assert secret["data"] == {
+        "train.API_TOKEN": _b64(b"train-token"),
+        "train.env-1": _b64(b"w1"),
+        "proxy.API_TOKEN": _b64(b"proxy-token"),
+        "proxy.env-0": _b64(b"literal"),
+        "proxy.env-2": _b64(b"w2"),
+    }
+    pod = _build(spec, secret=True)
+    text = json.dumps(pod)
+    for value in ("train-token", "proxy-token", "w1", "w2", "literal"):
+        assert value not in text
+    proxy = pod["spec"]["initContainers"][1]
+    assert proxy["env"][0] == {
+        "name": "API_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": name, "key": "proxy.API_TOKEN"}},
+    }
+    assert pod["spec"]["containers"][0]["env"][2] == {"name": "MODE", "value": "fast"}
+
+
+def test_a_fallback_secret_key_steps_around_a_literal_one() -> None:
+    spec = _whole_spec(
+        sidecar_env=(
+            EnvVar("bad name", "a", secret=True),
+            EnvVar("env-0", "b", secret=True),
+        )
+    )
+    assert secret_keys(spec) == {
+        ("proxy", "bad name"): "proxy.env-0-1",
+        ("proxy", "env-0"): "proxy.env-0",
+    }
+
+
+def test_an_init_container_without_an_image_is_named() -> None:
+    spec = _whole_spec()
+    fetch, proxy = spec.init_containers
+    imageless = dataclasses.replace(proxy, image="")
+    broken = dataclasses.replace(spec, init_containers=(fetch, imageless))
+    with pytest.raises(InvalidSpec) as raised:
+        _build(broken)
+    assert raised.value.field == "spec.initContainers[1].image"
+
+
 # --- states ---------------------------------------------------------------------------------
 
 STARTED = "2026-03-13T20:00:01Z"
@@ -944,6 +1250,32 @@ FINISHED = "2026-03-13T20:00:09Z"
 
 def _with_container(state: JSON) -> JSON:
     return {"containerStatuses": [{"name": "main", "state": state}]}
+
+
+STATE_CASE_IDS = [
+    "row3-pending",
+    "row3-pending-unschedulable",
+    "row3-pending-container-creating",
+    "row4-running",
+    "row5-succeeded",
+    "row5-succeeded-without-statuses",
+    "row6-failed-oom-killed",
+    "row4-running-with-a-terminated-container",
+    "row4-running-while-crash-looping",
+    "row3-pending-init-container-running",
+    "row3-pending-init-container-crash-looping",
+    "row3-pending-image-pull",
+    "row6-failed-first-failed-app-container",
+    "row6-failed-init-container",
+    "row7-failed-but-no-container-failed",
+    "row7-failed-before-any-container-ran",
+    "row8-unknown",
+    "row2-evicted",
+    "row2-preempting",
+    "row2-out-of-gpus",
+    "row2-disruption-target",
+    "row1-deletion-requested",
+]
 
 
 @pytest.mark.parametrize(
@@ -1016,18 +1348,121 @@ def _with_container(state: JSON) -> JSON:
             "OOMKilled",
         ),
         (
+            # B's kubelet restarts it (restartPolicy is the pod's): the pod still runs.
             {"phase": "Running", **_with_container({"terminated": {"exitCode": 2}})},
             {},
-            InstanceState.EXITED,
-            2,
+            InstanceState.RUNNING,
+            None,
             "",
+        ),
+        (
+            {
+                "phase": "Running",
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "restartCount": 4,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}},
+                    }
+                ],
+            },
+            {},
+            InstanceState.RUNNING,
+            None,
+            "",
+        ),
+        (
+            {
+                "phase": "Pending",
+                "initContainerStatuses": [
+                    {"name": "fetch", "state": {"running": {"startedAt": STARTED}}},
+                    {"name": "proxy", "state": {"waiting": {"reason": "PodInitializing"}}},
+                ],
+                **_with_container({"waiting": {"reason": "PodInitializing"}}),
+            },
+            {},
+            InstanceState.PENDING,
+            None,
+            "PodInitializing: init container fetch is running",
+        ),
+        (
+            {
+                "phase": "Pending",
+                "initContainerStatuses": [
+                    {
+                        "name": "fetch",
+                        "restartCount": 2,
+                        "state": {
+                            "waiting": {
+                                "reason": "CrashLoopBackOff",
+                                "message": "back-off 20s restarting failed container=fetch",
+                            }
+                        },
+                    }
+                ],
+                **_with_container({"waiting": {"reason": "PodInitializing"}}),
+            },
+            {},
+            InstanceState.PENDING,
+            None,
+            "CrashLoopBackOff: back-off 20s restarting failed container=fetch",
+        ),
+        (
+            {
+                "phase": "Pending",
+                **_with_container(
+                    {"waiting": {"reason": "ErrImagePull", "message": "manifest unknown"}}
+                ),
+            },
+            {},
+            InstanceState.PENDING,
+            None,
+            "ErrImagePull: manifest unknown",
+        ),
+        (
+            {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {"name": "a", "state": {"terminated": {"exitCode": 0}}},
+                    {"name": "b", "state": {"terminated": {"exitCode": 5, "reason": "Error"}}},
+                ],
+            },
+            {},
+            InstanceState.EXITED,
+            5,
+            "container b: Error (exit code 5)",
+        ),
+        (
+            {
+                "phase": "Failed",
+                "initContainerStatuses": [
+                    {"name": "fetch", "state": {"terminated": {"exitCode": 7, "reason": "Error"}}}
+                ],
+                **_with_container({"waiting": {"reason": "PodInitializing"}}),
+            },
+            {},
+            InstanceState.EXITED,
+            7,
+            "container fetch: Error (exit code 7)",
+        ),
+        (
+            {
+                "phase": "Failed",
+                "reason": "Unknown",
+                **_with_container({"terminated": {"exitCode": 0, "reason": "Completed"}}),
+            },
+            {},
+            InstanceState.LOST,
+            None,
+            "none of its containers did (Unknown)",
         ),
         (
             {"phase": "Failed", "reason": "DeadlineExceeded"},
             {},
             InstanceState.LOST,
             None,
-            "DeadlineExceeded",
+            "failed before any container ran (DeadlineExceeded)",
         ),
         ({"phase": "Unknown"}, {}, InstanceState.LOST, None, "lost contact"),
         (
@@ -1069,14 +1504,51 @@ def _with_container(state: JSON) -> JSON:
             "deletion requested",
         ),
     ],
+    ids=STATE_CASE_IDS,
 )
 def test_the_state_table(
-    status: JSON, metadata: JSON, state: InstanceState, exit_code: int | None, message: str
+    status: JSON,
+    metadata: JSON,
+    state: InstanceState,
+    exit_code: int | None,
+    message: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    row = int(request.node.callspec.id.split("-")[0].removeprefix("row"))
+    assert _docstring_rows()[row - 1] == state.name  # the case tests the row it names
     seen = observe({"metadata": metadata, "status": status})
     assert seen.state is state
     assert seen.exit_code == exit_code
     assert message in seen.message
+
+
+def _docstring_rows() -> list[str]:
+    """The instance state of each row of the table in ``states``' docstring."""
+    assert states.__doc__ is not None
+    rows: list[str] = []
+    for line in states.__doc__.splitlines()[1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) != 2 or set(cells[1]) <= {"-"}:
+            continue
+        if cells[1] and cells[1] != "instance state":
+            rows.append(cells[1].split()[0])
+    return rows
+
+
+def test_every_row_of_the_documented_table_is_tested() -> None:
+    rows = _docstring_rows()
+    assert rows == [
+        "TERMINATING",
+        "LOST",
+        "PENDING",
+        "RUNNING",
+        "EXITED",
+        "EXITED",
+        "LOST",
+        "LOST",
+    ]
+    tested = {int(case.split("-")[0].removeprefix("row")) for case in STATE_CASE_IDS}
+    assert tested == set(range(1, len(rows) + 1))
 
 
 def test_an_unknown_phase_is_malformed() -> None:
@@ -1098,6 +1570,189 @@ def test_instances_carry_ip_times_offer_and_price() -> None:
     assert instance.started_at == dt.datetime(2026, 3, 13, 20, 0, 1, tzinfo=dt.UTC)
     assert instance.offer_key == f"{PROVIDER}/{GPU_SHAPE.sku}/remote"
     assert instance.price_per_hour == pytest.approx(2.4)
+
+
+def _whole_remote_pod(**status: Any) -> JSON:
+    """A remote whole pod as B's API serves it: spec order train, exporter; fetch, proxy."""
+    pod = _remote_pod(**status)
+    pod["spec"] = {
+        "restartPolicy": "Always",
+        "initContainers": [
+            {"name": "fetch-weights", "image": "example.com/fetch:1"},
+            {"name": "proxy", "image": "example.com/proxy:1", "restartPolicy": "Always"},
+        ],
+        "containers": [
+            {"name": "train", "image": "example.com/train:1"},
+            {"name": "exporter", "image": "example.com/exporter:1"},
+        ],
+    }
+    return pod
+
+
+def _b_status(name: str, state: JSON, **fields: Any) -> JSON:
+    """One entry of containerStatuses with every field a 1.3x kubelet writes."""
+    return {
+        "name": name,
+        "image": f"example.com/{name}:1",
+        "imageID": f"example.com/{name}@sha256:0f",
+        "containerID": f"containerd://{name}0",
+        "ready": False,
+        "restartCount": 0,
+        "started": False,
+        "lastState": {},
+        "state": state,
+        **fields,
+    }
+
+
+RESTARTED = "2026-03-13T20:00:30Z"
+
+
+def test_every_container_is_reported_in_spec_order_with_b_s_verdicts() -> None:
+    pod = _whole_remote_pod(
+        phase="Running",
+        podIP="10.244.1.7",
+        startTime="2026-03-13T20:00:00Z",
+        initContainerStatuses=[
+            _b_status(
+                "fetch-weights",
+                {
+                    "terminated": {
+                        "exitCode": 0,
+                        "reason": "Completed",
+                        "startedAt": STARTED,
+                        "finishedAt": FINISHED,
+                        "containerID": "containerd://fetch0",
+                    }
+                },
+                ready=True,
+            ),
+            _b_status("proxy", {"running": {"startedAt": FINISHED}}, ready=True, started=True),
+        ],
+        # kubelet sorts app container statuses by name, not by the spec
+        containerStatuses=[
+            _b_status(
+                "exporter",
+                {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": "back-off 20s restarting failed container=exporter",
+                    }
+                },
+                restartCount=2,
+                lastState={
+                    "terminated": {
+                        "exitCode": 2,
+                        "reason": "Error",
+                        "message": "bad flag",
+                        "startedAt": FINISHED,
+                        "finishedAt": RESTARTED,
+                    }
+                },
+            ),
+            _b_status("train", {"running": {"startedAt": RESTARTED}}, ready=True, started=True),
+        ],
+    )
+    instance = parse_instance(pod, provider=PROVIDER)
+    assert instance is not None
+    assert instance.state is InstanceState.RUNNING
+    assert instance.started_at == dt.datetime(2026, 3, 13, 20, 0, 30, tzinfo=dt.UTC)
+    train, exporter = instance.containers
+    assert (train.name, train.state, train.ready, train.started) == (
+        "train",
+        ContainerState.RUNNING,
+        True,
+        True,
+    )
+    assert (exporter.name, exporter.state, exporter.reason) == (
+        "exporter",
+        ContainerState.WAITING,
+        "CrashLoopBackOff",
+    )
+    assert "back-off 20s" in exporter.message
+    assert (exporter.ready, exporter.started, exporter.restart_count) == (False, False, 2)
+    assert exporter.last_termination is not None
+    assert (exporter.last_termination.exit_code, exporter.last_termination.message) == (
+        2,
+        "bad flag",
+    )
+    assert exporter.last_termination.finished_at == dt.datetime(
+        2026, 3, 13, 20, 0, 30, tzinfo=dt.UTC
+    )
+    fetch, proxy = instance.init_containers
+    assert (fetch.name, fetch.state, fetch.exit_code, fetch.reason) == (
+        "fetch-weights",
+        ContainerState.TERMINATED,
+        0,
+        "Completed",
+    )
+    assert fetch.finished_at == dt.datetime(2026, 3, 13, 20, 0, 9, tzinfo=dt.UTC)
+    assert (proxy.state, proxy.ready, proxy.started) == (ContainerState.RUNNING, True, True)
+
+
+def test_a_status_without_verdicts_leaves_them_unknown() -> None:
+    pod = _whole_remote_pod(
+        phase="Pending",
+        containerStatuses=[{"name": "train", "state": {}, "ready": False}],
+    )
+    instance = parse_instance(pod, provider=PROVIDER)
+    assert instance is not None
+    (train,) = instance.containers
+    assert (train.state, train.ready, train.started, train.restart_count) == (
+        ContainerState.WAITING,
+        False,
+        None,
+        0,
+    )
+
+
+def test_an_ended_pod_reports_every_app_container() -> None:
+    succeeded = parse_instance(_whole_remote_pod(phase="Succeeded"), provider=PROVIDER)
+    assert succeeded is not None
+    assert [(c.name, c.state, c.exit_code) for c in succeeded.containers] == [
+        ("train", ContainerState.TERMINATED, 0),
+        ("exporter", ContainerState.TERMINATED, 0),
+    ]
+    failed = _whole_remote_pod(
+        phase="Failed",
+        initContainerStatuses=[
+            _b_status("fetch-weights", {"terminated": {"exitCode": 3, "reason": "Error"}})
+        ],
+    )
+    instance = parse_instance(failed, provider=PROVIDER)
+    assert instance is not None
+    assert (instance.state, instance.exit_code) == (InstanceState.EXITED, 3)
+    assert [(c.name, c.state, c.reason) for c in instance.containers] == [
+        ("train", ContainerState.WAITING, "PodInitializing"),
+        ("exporter", ContainerState.WAITING, "PodInitializing"),
+    ]
+
+
+def test_a_failed_pod_names_the_first_failed_app_container_of_the_spec() -> None:
+    pod = _whole_remote_pod(
+        phase="Failed",
+        containerStatuses=[
+            _b_status(
+                "exporter",
+                {"terminated": {"exitCode": 9, "reason": "Error", "finishedAt": RESTARTED}},
+            ),
+            _b_status(
+                "train",
+                {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": FINISHED}},
+            ),
+        ],
+    )
+    instance = parse_instance(pod, provider=PROVIDER)
+    assert instance is not None
+    assert (instance.state, instance.exit_code) == (InstanceState.EXITED, 137)
+    assert instance.message == "container train: OOMKilled (exit code 137)"
+    assert instance.finished_at == dt.datetime(2026, 3, 13, 20, 0, 30, tzinfo=dt.UTC)  # the last
+
+
+def test_an_unreadable_container_status_is_malformed() -> None:
+    pod = _whole_remote_pod(phase="Running", containerStatuses=[{"state": {}}])
+    with pytest.raises(MalformedResponse, match="containerStatuses"):
+        parse_instance(pod, provider=PROVIDER)
 
 
 def test_pods_of_others_are_not_ours() -> None:
@@ -1353,10 +2008,10 @@ async def test_an_existing_secret_is_brought_up_to_date(
     spec = _spec(env=(EnvVar("API_TOKEN", "new", secret=True),))
     fake.secrets[pod_name(spec)] = {
         "metadata": {"name": pod_name(spec)},
-        "data": {"API_TOKEN": "b2xk"},
+        "data": {"main.API_TOKEN": "b2xk"},
     }
     await provider.create(spec, _offer())
-    assert fake.secrets[pod_name(spec)]["data"] == {"API_TOKEN": _b64(b"new")}
+    assert fake.secrets[pod_name(spec)]["data"] == {"main.API_TOKEN": _b64(b"new")}
 
 
 @pytest.mark.parametrize(
