@@ -1,11 +1,19 @@
-"""The Kubernetes adapter: pods of cluster A run as pods in a remote cluster B.
+"""The Kubernetes adapter: pods of cluster A run as whole pods in a remote cluster B.
 
 Cluster B is reached through its REST API with ``httpx``, through ``providers.http.JsonApi``
 (the agent's own Kubernetes client, ``vk_provider.kube``, is for cluster A and is never used
-here). The kubeconfig is loaded by kubernetes_asyncio's loader (``providers.kubernetes
-.kubeconfig``); names and labels are in ``names``, offers in ``offers``, the manifests in
-``manifests``, the state table in ``states``, the error table in ``failures``, logs in
-``logs``.
+here), wrapped by ``remote.RemoteNamespace``. The kubeconfig is loaded by kubernetes_asyncio's
+loader (``providers.kubernetes.kubeconfig``); names and labels are in ``names``, offers in
+``offers``, the manifests in ``manifests`` (containers in ``containers``, requests and limits
+in ``resources``), the state table in ``states`` (container statuses in ``statuses``), the
+error table in ``failures``, logs in ``logs``.
+
+Whole pods. The remote pod has every app container, init container and native sidecar of the
+pod, its probes and its restart policy: B's kubelet runs init containers in order, restarts
+containers, and runs the probes; this adapter reports each container as B does, readiness
+included (``Capabilities``: ``multi_container``, ``init_containers``, ``sidecars``,
+``probes="provider"``), and the agent treats the remote pod's end as the pod's end (it never
+launches a second attempt of it).
 
 Lifecycle. ``create`` writes the Secret of the workload's secret env values first (without
 owner), then the pod, both in ``config.namespace``; then the Secret gets an ownerReference to
@@ -39,8 +47,8 @@ Invariants:
 
 Known limits: ``delete`` with ``grace_seconds=0`` asks for 1 second, because 0 would remove the
 object at once and leave the container to the node's next sync (as ``kubectl`` does);
-``tls-server-name`` and proxy settings of a kubeconfig are ignored; offers assume one container
-per pod and count requests, not usage.
+``tls-server-name`` and proxy settings of a kubeconfig are ignored; offers count requests, not
+usage; exec, attach, port-forward and usage through B are not offered yet.
 """
 
 from __future__ import annotations
@@ -48,24 +56,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Final
 
 import httpx
 
-from providers.http import Classify, ErrorAnswer, JsonApi
+from providers.http import JsonApi
 from providers.kubernetes.config import KubernetesProviderConfig
-from providers.kubernetes.containers import JSON
-from providers.kubernetes.failures import (
-    ApiFailure,
-    Call,
-    api_failure,
-    classify_failure,
-    missing_namespace,
-)
+from providers.kubernetes.containers import secret_values
+from providers.kubernetes.failures import Call
 from providers.kubernetes.kubeconfig import build_transport, kubeconfig_base_dir, load_kubeconfig
-from providers.kubernetes.logs import LineSplitter, container_name, log_params
-from providers.kubernetes.manifests import build_pod, build_secret, owner_reference
+from providers.kubernetes.logs import LineSplitter, container_names, log_container, log_params
+from providers.kubernetes.manifests import build_pod, build_secret
 from providers.kubernetes.names import LABEL_MANAGED_BY, is_pod_name, label_value, pod_name
 from providers.kubernetes.offers import (
     OfferScope,
@@ -74,15 +76,11 @@ from providers.kubernetes.offers import (
     node_capacities,
     plan_offers,
 )
+from providers.kubernetes.remote import RemoteNamespace, classifier
 from providers.kubernetes.states import made_for, parse_instance
-from providers.payload import MalformedResponse, items, mapping
+from providers.payload import MalformedResponse, items
 from providers.transport import RetryPolicy
-from vk_provider.domain.errors import (
-    CapacityUnavailable,
-    InvalidSpec,
-    NotFound,
-    ProviderError,
-)
+from vk_provider.domain.errors import CapacityUnavailable, InvalidSpec, NotFound, ProviderError
 from vk_provider.domain.models import (
     Capabilities,
     Instance,
@@ -94,9 +92,18 @@ from vk_provider.domain.redact import Redactor
 
 log = logging.getLogger(__name__)
 
-FIELD_MANAGER: Final = "vk-provider"
 # This adapter's limits: backoff from 0.25 s, doubling, up to 2 s (an API server answers fast).
 DEFAULT_RETRY: Final = RetryPolicy(backoff_seconds=0.25, max_backoff_seconds=2.0)
+CAPABILITIES: Final = Capabilities(
+    logs=True,
+    follow_logs=True,
+    log_timestamps=True,
+    previous_logs=True,
+    multi_container=True,
+    init_containers=True,
+    sidecars=True,
+    probes="provider",  # B's kubelet probes and reports ready/started per container
+)
 
 
 class KubernetesProvider:
@@ -123,7 +130,7 @@ class KubernetesProvider:
         self._api = JsonApi(
             provider=config.name,
             label="Kubernetes",
-            classify=self._classify(Call.READ),
+            classify=classifier(Call.READ, provider=config.name),
             redactor=Redactor(access.secrets),
             retry=retry or DEFAULT_RETRY,
             timeout=config.timeout_seconds,
@@ -132,6 +139,7 @@ class KubernetesProvider:
             transport=transport or build_transport(access),
             logger=log,
         )
+        self._remote = RemoteNamespace(self._api, namespace=config.namespace, provider=config.name)
 
     @property
     def name(self) -> str:
@@ -139,11 +147,11 @@ class KubernetesProvider:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(logs=True, follow_logs=True, log_timestamps=True)
+        return CAPABILITIES
 
     async def offers(self) -> list[Offer]:
-        nodes = await self._get("/api/v1/nodes", what="list nodes", call=Call.READ)
-        pods = await self._get(
+        nodes = await self._remote.get("/api/v1/nodes", what="list nodes", call=Call.READ)
+        pods = await self._remote.get(
             "/api/v1/pods",
             what="list pods",
             call=Call.READ,
@@ -176,11 +184,11 @@ class KubernetesProvider:
             )
         except InvalidSpec as exc:
             raise InvalidSpec(str(exc), provider=self.name, field=exc.field) from None
-        redact = self._api.redactor.with_secrets(var.value for var in spec.env if var.secret)
+        redact = self._api.redactor.with_secrets(secret_values(spec))
         if secret is not None:
-            await self._put_secret(secret, redact)
+            await self._remote.put_secret(secret, redact)
         try:
-            pod = await self._create_pod(spec, body, redact)
+            pod = await self._remote.create_pod(name, body, redact)
             with self._api.readable(f"create pod {name}"):
                 instance = parse_instance(pod, provider=self.name)
             if instance is None or not made_for(instance, spec):
@@ -191,15 +199,15 @@ class KubernetesProvider:
                 )
         except ProviderError:
             if secret is not None:
-                await self._forget_secret(name, quietly=True)
+                await self._remote.forget_secret(name, quietly=True)
             raise
         if secret is not None:
-            await self._own_secret(secret, pod, redact)
+            await self._remote.own_secret(secret, pod, redact)
         return instance
 
     async def get(self, instance_id: str) -> Instance:
         what = f"get pod {instance_id!r}"
-        pod = await self._get(self._pod_path(instance_id), what=what, call=Call.READ)
+        pod = await self._remote.get(self._remote.pod_path(instance_id), what=what, call=Call.READ)
         with self._api.readable(what):
             instance = parse_instance(pod, provider=self.name)
         if instance is None:
@@ -219,9 +227,9 @@ class KubernetesProvider:
             "propagationPolicy": "Background",
         }
         with contextlib.suppress(NotFound):
-            await self._send(
+            await self._remote.send(
                 "DELETE",
-                self._pod_path(instance_id),
+                self._remote.pod_path(instance_id),
                 what=f"delete pod {instance_id}",
                 call=Call.WRITE,
                 json_body=options,
@@ -236,11 +244,11 @@ class KubernetesProvider:
         # Normally B's garbage collector removes the Secret with its pod; this covers an
         # agent that died before the Secret got its ownerReference. Quietly: the pod's
         # deletion is what was asked for, and it succeeded.
-        await self._forget_secret(instance_id, quietly=True)
+        await self._remote.forget_secret(instance_id, quietly=True)
 
     async def list_ours(self) -> list[Instance]:
         what = "list our pods"
-        body = await self._get(
+        body = await self._remote.get(
             f"/api/v1/namespaces/{self._namespace}/pods",
             what=what,
             call=Call.READ,
@@ -260,21 +268,31 @@ class KubernetesProvider:
 
     async def logs(self, instance_id: str, options: LogOptions) -> AsyncIterator[bytes]:
         what = f"logs of pod {instance_id!r}"
-        pod = await self._get(self._pod_path(instance_id), what=what, call=Call.LOGS)
+        path = self._remote.pod_path(instance_id)
+        pod = await self._remote.get(path, what=what, call=Call.LOGS)
         with self._api.readable(what):
             if parse_instance(pod, provider=self.name) is None:
                 raise NotFound(
                     f"pod {instance_id!r} in the cluster is not ours", provider=self.name
                 )
-            container = container_name(pod)
+            container = log_container(pod, options.container)
+            known = container_names(pod)
+        if container is None:
+            raise NotFound(
+                f"pod {instance_id!r} has no container {options.container!r} "
+                f"(it has {', '.join(known)})",
+                provider=self.name,
+            )
+        if options.previous:
+            what = f"previous logs of container {container!r} of pod {instance_id!r}"
         response = await self._api.retrying(
             lambda: self._api.send(
                 "GET",
-                f"{self._pod_path(instance_id)}/log",
+                f"{path}/log",
                 what=what,
                 params=log_params(container, options),
                 headers={"Accept": "*/*"},
-                classify=self._classify(Call.LOGS),
+                classify=self._remote.classify(Call.LOGS),
                 stream=True,
                 follow=options.follow,
             )
@@ -307,167 +325,3 @@ class KubernetesProvider:
                 f"offer {offer.key} is smaller than the workload of {spec.request_id}",
                 provider=self.name,
             )
-
-    def _pod_path(self, name: str) -> str:
-        if not is_pod_name(name):
-            raise NotFound(f"no pod of ours is called {name!r}", provider=self.name)
-        return f"/api/v1/namespaces/{self._namespace}/pods/{name}"
-
-    def _secret_path(self, name: str) -> str:
-        return f"/api/v1/namespaces/{self._namespace}/secrets/{name}"
-
-    async def _create_pod(self, spec: WorkloadSpec, body: JSON, redact: Redactor) -> JSON:
-        """POST the pod; an existing pod of that name is returned (the caller checks it was
-        made for this request)."""
-        name = str(pod_name(spec))
-        what = f"create pod {self._namespace}/{name}"
-        response = await self._create_object("pods", body, what=what, redact=redact)
-        if response.status_code == 409:
-            existing = await self._get(self._pod_path(name), what=what, call=Call.READ)
-            log.info("provider %s: pod %s exists already; reusing it", self.name, name)
-            if not isinstance(existing, dict):
-                raise self._api.malformed(what, "the pod is not a JSON object")
-            return existing
-        created = self._api.decode(response, what)
-        if not isinstance(created, dict):
-            raise self._api.malformed(what, "the pod is not a JSON object")
-        log.info(
-            "provider %s: created pod %s/%s for %s",
-            self.name,
-            self._namespace,
-            name,
-            spec.request_id,
-        )
-        return created
-
-    async def _put_secret(self, secret: JSON, redact: Redactor) -> None:
-        """Create the Secret, or bring an existing one (an earlier try) up to date."""
-        name = str(mapping(secret.get("metadata"), "secret")["name"])
-        what = f"create secret {self._namespace}/{name}"
-        response = await self._create_object("secrets", secret, what=what, redact=redact)
-        if response.status_code == 409:
-            await self._send(
-                "PATCH",
-                self._secret_path(name),
-                what=f"update secret {self._namespace}/{name}",
-                call=Call.WRITE,
-                json_body={"data": secret["data"]},
-                merge_patch=True,
-                redact=redact,
-            )
-
-    async def _own_secret(self, secret: JSON, pod: JSON, redact: Redactor) -> None:
-        """Make the pod the Secret's owner, so B deletes the Secret with the pod."""
-        name = str(mapping(secret.get("metadata"), "secret")["name"])
-        what = f"set the owner of secret {self._namespace}/{name}"
-        with self._api.readable(what):
-            owner = owner_reference(pod)
-        patch = {"metadata": {"ownerReferences": [owner]}}
-        try:
-            await self._send(
-                "PATCH",
-                self._secret_path(name),
-                what=what,
-                call=Call.WRITE,
-                json_body=patch,
-                merge_patch=True,
-                redact=redact,
-            )
-        except NotFound:
-            # Gone meanwhile (a concurrent delete): make it again, owned from the start.
-            owned = {
-                **secret,
-                "metadata": {**mapping(secret["metadata"], "secret"), **patch["metadata"]},
-            }
-            await self._create_object("secrets", owned, what=what, redact=redact)
-
-    async def _forget_secret(self, name: str, *, quietly: bool = False) -> None:
-        """Delete the Secret of pod ``name`` if there is one; ``quietly`` logs a failure
-        instead of raising it (cleanup after another error, which matters more)."""
-        try:
-            await self._send(
-                "DELETE",
-                self._secret_path(name),
-                what=f"delete secret {self._namespace}/{name}",
-                call=Call.WRITE,
-            )
-        except NotFound:
-            return
-        except ProviderError as exc:
-            if not quietly:
-                raise
-            log.warning("provider %s: secret %s not cleaned up: %s", self.name, name, exc)
-
-    async def _create_object(
-        self, collection: str, body: JSON, *, what: str, redact: Redactor
-    ) -> httpx.Response:
-        """POST into the namespace; 409 is returned, not raised. A missing namespace is the
-        operator's to create (``missing_namespace``): this adapter never creates one."""
-        response = await self._send(
-            "POST",
-            f"/api/v1/namespaces/{self._namespace}/{collection}",
-            what=what,
-            call=Call.WRITE,
-            json_body=body,
-            accept=frozenset({404, 409}),
-            redact=redact,
-        )
-        if response.status_code != 404:
-            return response
-        answer = ErrorAnswer(what, 404, response.content, response.headers, redact)
-        if api_failure(answer).kind == "namespaces":
-            raise missing_namespace(self._namespace, provider=self.name, what=what)
-        raise self._classify(Call.WRITE)(answer)
-
-    def _classify(self, call: Call) -> Classify:
-        def classify(answer: ErrorAnswer) -> ProviderError:
-            failure = api_failure(answer)
-            redacted = ApiFailure(
-                failure.status,
-                reason=failure.reason,
-                message=answer.redact(failure.message),
-                kind=failure.kind,
-                fields=failure.fields,
-                retry_after=failure.retry_after,
-            )
-            return classify_failure(redacted, provider=self.name, what=answer.what, call=call)
-
-        return classify
-
-    async def _get(
-        self, path: str, *, what: str, call: Call, params: Mapping[str, str] | None = None
-    ) -> object:
-        """The JSON of a GET (retried), its failures classified as ``call``'s."""
-        return await self._api.json(
-            "GET", path, what=what, params=params, classify=self._classify(call)
-        )
-
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        call: Call,
-        params: Mapping[str, str] | None = None,
-        json_body: Mapping[str, object] | None = None,
-        merge_patch: bool = False,
-        accept: frozenset[int] = frozenset(),
-        redact: Redactor | None = None,
-    ) -> httpx.Response:
-        """One request, retried by the ``RetryPolicy``; statuses in ``accept`` are returned,
-        other failures raised classified. Writes name this adapter as their field manager."""
-        query = dict(params or {})
-        if method in ("POST", "PATCH", "PUT"):
-            query["fieldManager"] = FIELD_MANAGER
-        return await self._api.request(
-            method,
-            path,
-            what=what,
-            params=query,
-            json_body=json_body,
-            content_type="application/merge-patch+json" if merge_patch else "application/json",
-            accept=accept,
-            classify=self._classify(call),
-            redact=redact,
-        )

@@ -3,8 +3,10 @@
 401 → ``AuthFailed``; 403 → ``CapacityUnavailable`` when a ResourceQuota refused it ("exceeded
 quota"), ``Transient`` when the namespace's ServiceAccount is not there yet, else
 ``AuthFailed``; 404 → ``NotFound``; 400 and 422 → ``InvalidSpec`` naming the field of the
-Status ``details.causes`` (but ``Transient`` for logs, where 400 means "container not started
-yet"); 429 → ``RateLimited`` (``Retry-After`` or ``details.retryAfterSeconds``); 409 (other than
+Status ``details.causes`` (but for logs, where 400 means "container not started yet",
+``Transient``, and "previous terminated container ... not found" is ``NotFound``: the
+container has not restarted, so there is no previous run to show); 429 → ``RateLimited``
+(``Retry-After`` or ``details.retryAfterSeconds``); 409 (other than
 the AlreadyExists ``create`` handles), 5xx → ``Transient``. Timeouts, connection errors and
 malformed answers are ``Transient`` too (``providers.http``).
 
@@ -111,6 +113,13 @@ def classify_failure(failure: ApiFailure, *, provider: str, what: str, call: Cal
     if status == 429:
         return RateLimited(message, provider=provider, retry_after=failure.retry_after)
     if status in (400, 422):
+        if call is Call.LOGS and "previous terminated container" in lowered:
+            # kubelet's answer to --previous for a container that has not restarted.
+            return NotFound(
+                f"Kubernetes {what}: the container has not restarted, so there are no logs of "
+                f"a previous run ({head}: {failure.message})",
+                provider=provider,
+            )
         if call is Call.LOGS:
             return Transient(message, provider=provider)  # "container ... is waiting to start"
         return InvalidSpec(message, provider=provider, field=_pod_field(failure))

@@ -1,4 +1,9 @@
-"""Logs of a remote pod: the query of ``GET .../pods/{name}/log`` and whole lines out of it.
+"""Logs of a remote pod: which container, the query of ``GET .../pods/{name}/log``, and whole
+lines out of it.
+
+The container is the one asked for (``LogOptions.container``: any app or init container of the
+remote pod, sidecars included) or, when none is named, the first app container; ``previous``
+asks B for the run before the current one (``kubectl logs --previous``).
 
 Invariants: pure; every line given out ends with a newline, except a byte-limited read's cut.
 """
@@ -11,20 +16,38 @@ from providers.payload import MalformedResponse, mapping, text
 from vk_provider.domain.models import LogOptions
 
 
-def container_name(pod: object) -> str:
-    """The name of the remote pod's (only) container."""
+def container_names(pod: object) -> tuple[str, ...]:
+    """The remote pod's app containers, then its init containers."""
+    spec = mapping(mapping(pod, "pod").get("spec"), "pod spec")
+    names: list[str] = []
+    for key in ("containers", "initContainers"):
+        found = spec.get(key)
+        for index, container in enumerate(found if isinstance(found, list) else []):
+            name = text(mapping(container, f"spec.{key}[{index}]"), "name")
+            if name:
+                names.append(name)
+    return tuple(names)
+
+
+def log_container(pod: object, wanted: str | None) -> str | None:
+    """The container to read: ``wanted`` when the pod has it (None when not), else the first
+    app container; raises ``MalformedResponse`` for a pod without a named container."""
     spec = mapping(mapping(pod, "pod").get("spec"), "pod spec")
     containers = spec.get("containers")
     first = containers[0] if isinstance(containers, list) and containers else None
-    name = text(mapping(first, "pod container"), "name")
-    if not name:
+    if not text(mapping(first, "pod container"), "name"):
         raise MalformedResponse("the pod has no named container")
-    return name
+    names = container_names(pod)
+    if wanted is None:
+        return names[0]
+    return wanted if wanted in names else None
 
 
 def log_params(container: str, options: LogOptions) -> dict[str, str]:
     """The query of ``GET .../pods/{name}/log``."""
     params = {"container": container}
+    if options.previous:
+        params["previous"] = "true"
     if options.follow:
         params["follow"] = "true"
     if options.timestamps:

@@ -1804,6 +1804,15 @@ def test_pods_of_others_are_not_ours() -> None:
             Call.LOGS,
             Transient,
         ),
+        (
+            ApiFailure(
+                400,
+                "BadRequest",
+                'previous terminated container "main" in pod "p" not found',
+            ),
+            Call.LOGS,
+            NotFound,
+        ),
         (ApiFailure(429, "TooManyRequests", "slow down", retry_after=3.0), Call.READ, RateLimited),
         (ApiFailure(500, "InternalError", "etcd timeout"), Call.READ, Transient),
         (ApiFailure(503, "ServiceUnavailable", ""), Call.READ, Transient),
@@ -1875,6 +1884,10 @@ def test_log_parameters() -> None:
         "limitBytes": "5",
     }
     assert log_params("main", LogOptions()) == {"container": "main"}
+    assert log_params("proxy", LogOptions(previous=True)) == {
+        "container": "proxy",
+        "previous": "true",
+    }
 
 
 def test_lines_are_whole_and_end_with_a_newline() -> None:
@@ -1889,11 +1902,21 @@ def test_lines_are_whole_and_end_with_a_newline() -> None:
 # --- the adapter over HTTP ------------------------------------------------------------------
 
 
-async def test_it_is_a_provider_with_every_log_capability(provider: KubernetesProvider) -> None:
+async def test_it_is_a_whole_pod_provider_with_every_log_capability(
+    provider: KubernetesProvider,
+) -> None:
     assert isinstance(provider, Provider)
     assert provider.name == PROVIDER
     caps = provider.capabilities
-    assert (caps.logs, caps.follow_logs, caps.log_timestamps) == (True, True, True)
+    assert (caps.logs, caps.follow_logs, caps.log_timestamps, caps.previous_logs) == (
+        True,
+        True,
+        True,
+        True,
+    )
+    assert (caps.multi_container, caps.init_containers, caps.sidecars) == (True, True, True)
+    assert caps.probes == "provider"  # B's kubelet probes; the agent shows its verdicts
+    assert (caps.exec, caps.port_forward, caps.usage) == (False, False, False)
 
 
 async def test_create_sends_the_token_and_returns_a_pending_instance(
@@ -2012,6 +2035,51 @@ async def test_an_existing_secret_is_brought_up_to_date(
     }
     await provider.create(spec, _offer())
     assert fake.secrets[pod_name(spec)]["data"] == {"main.API_TOKEN": _b64(b"new")}
+
+
+async def test_a_whole_pod_is_created_with_one_secret_for_all_its_containers(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    spec = _whole_spec(
+        env=(EnvVar("API_TOKEN", "train-token", secret=True),),
+        sidecar_env=(EnvVar("API_TOKEN", "proxy-token", secret=True),),
+    )
+    instance = await provider.create(spec, _offer())
+    name = instance.instance_id
+    assert fake.secrets[name]["data"] == {
+        "train.API_TOKEN": _b64(b"train-token"),
+        "proxy.API_TOKEN": _b64(b"proxy-token"),
+    }
+    pod = fake.pods[name]
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["fetch-weights", "proxy"]
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["train", "exporter"]
+    assert pod["spec"]["restartPolicy"] == "OnFailure"
+    assert "train-token" not in json.dumps(pod) and "proxy-token" not in json.dumps(pod)
+
+
+async def test_every_container_s_secret_is_redacted_from_a_refusal(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response | None:
+        if request.method == "POST" and request.url.path.endswith("/pods"):
+            return _status(
+                422,
+                "Invalid",
+                'Pod "p" is invalid: spec.initContainers[1].env[0]: proxy-token, train-token',
+                causes=[{"field": "spec.initContainers[1].env[0]", "message": "x"}],
+            )
+        return None
+
+    fake.overrides.append(refuse)
+    spec = _whole_spec(
+        env=(EnvVar("API_TOKEN", "train-token", secret=True),),
+        sidecar_env=(EnvVar("API_TOKEN", "proxy-token", secret=True),),
+    )
+    with pytest.raises(InvalidSpec) as raised:
+        await provider.create(spec, _offer())
+    assert raised.value.field == "spec.initContainers[1].env[0]"
+    assert "proxy-token" not in str(raised.value) and "train-token" not in str(raised.value)
+    assert fake.secrets == {}
 
 
 @pytest.mark.parametrize(
@@ -2189,6 +2257,62 @@ async def test_logs_stream_whole_lines_with_the_query(
     request = fake.requests[-1]
     assert request.url.path.endswith("/log")
     assert dict(request.url.params) == {"container": "main", "timestamps": "true", "tailLines": "2"}
+
+
+async def test_logs_of_a_chosen_container_sidecar_or_init_container(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    fake.pods[f"vk-{UID}-0"] = _whole_remote_pod(phase="Running")
+    fake.log_body = b"proxy up\n"
+    for wanted, sent in (
+        (None, "train"),
+        ("exporter", "exporter"),
+        ("proxy", "proxy"),
+        ("fetch-weights", "fetch-weights"),
+    ):
+        chunks = [c async for c in provider.logs(f"vk-{UID}-0", LogOptions(container=wanted))]
+        assert chunks == [b"proxy up\n"]
+        assert fake.requests[-1].url.params["container"] == sent
+
+
+async def test_logs_of_an_unknown_container_are_refused_by_name(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    fake.pods[f"vk-{UID}-0"] = _whole_remote_pod(phase="Running")
+    with pytest.raises(NotFound, match="no container 'sidecar'") as raised:
+        _ = [c async for c in provider.logs(f"vk-{UID}-0", LogOptions(container="sidecar"))]
+    assert "train, exporter, fetch-weights, proxy" in str(raised.value)
+    assert not any(r.url.path.endswith("/log") for r in fake.requests)
+
+
+async def test_previous_logs_are_asked_for_and_a_missing_run_is_not_found(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    name = f"vk-{UID}-0"
+    fake.pods[name] = _whole_remote_pod(phase="Running")
+    fake.log_body = b"the run before\n"
+    options = LogOptions(container="exporter", previous=True)
+    assert [c async for c in provider.logs(name, options)] == [b"the run before\n"]
+    assert dict(fake.requests[-1].url.params) == {"container": "exporter", "previous": "true"}
+
+    def no_previous(request: httpx.Request) -> httpx.Response | None:
+        if request.url.path.endswith("/log") and request.url.params.get("previous"):
+            # What B's API server answers (kubelet's error, as a BadRequest Status).
+            container = request.url.params["container"]
+            return _status(
+                400,
+                "BadRequest",
+                f'previous terminated container "{container}" in pod "{name}" not found',
+            )
+        return None
+
+    fake.overrides.append(no_previous)
+    sent = len(fake.requests)
+    with pytest.raises(NotFound) as raised:
+        _ = [c async for c in provider.logs(name, LogOptions(container="train", previous=True))]
+    message = str(raised.value)
+    assert "the container has not restarted" in message and "'train'" in message
+    assert len(fake.requests) == sent + 2  # the pod, then one log request: not retried
 
 
 async def test_logs_of_a_missing_pod_are_not_found(provider: KubernetesProvider) -> None:
