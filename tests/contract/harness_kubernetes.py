@@ -10,7 +10,9 @@ Each ``running()`` gets a fresh namespace and talks to B as a ServiceAccount wit
 rights the adapter needs (the RBAC an operator would grant; see ``_grant``), through a bearer
 token — so the token path of the kubeconfig parser is exercised, and authorisation failures are
 real RBAC refusals. Native states are written through the pods' ``/status`` subresource with
-the admin credentials, as a kubelet would. Failures are real where B can produce them:
+the admin credentials, as a kubelet would. The workload is a whole pod (two app containers,
+an init container, a native sidecar, a probe of every kind), so B's own validation checks
+every part of the manifest the adapter writes. Failures are real where B can produce them:
 
 - ``capacity``: a ResourceQuota of ``pods: 0`` (B answers 403 "exceeded quota");
 - ``invalid``: a container port of 0 (B answers 422 naming the field);
@@ -47,6 +49,7 @@ from providers.kubernetes.offers import FALLBACK_REGION, Shape
 from tests.contract.harness import FailureKind
 from vk_provider.cluster.binaries import ensure_binaries
 from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.domain.containers import ContainerSpec, Probe
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.models import InstanceState, Offer, Port, WorkloadSpec
 
@@ -168,50 +171,99 @@ async def _no_wait(_seconds: float) -> None:
     return None
 
 
-def _container_status(state: Mapping[str, Any], *, ready: bool = False) -> dict[str, Any]:
+def _container_status(
+    state: Mapping[str, Any], *, name: str = "main", ready: bool = False, **fields: Any
+) -> dict[str, Any]:
     return {
-        "name": "main",
-        "image": "example.com/contract:1",
+        "name": name,
+        "image": f"example.com/{name}:1",
         "imageID": "",
         "ready": ready,
         "restartCount": 0,
+        "started": "running" in state,
         "state": dict(state),
+        **fields,
     }
 
 
 _STARTED = "2026-03-13T20:00:01Z"
 _FINISHED = "2026-03-13T20:00:09Z"
+_RUNNING = {"running": {"startedAt": _STARTED}}
+_COMPLETED = {
+    "terminated": {
+        "exitCode": 0,
+        "reason": "Completed",
+        "startedAt": _STARTED,
+        "finishedAt": _FINISHED,
+    }
+}
+_INITIALIZING = {"waiting": {"reason": "PodInitializing"}}
+# The remote pod is a whole pod (``KubernetesHarness.spec``): app containers main and
+# exporter, init containers setup and the sidecar proxy.
+_INITIALIZED = [
+    _container_status(_COMPLETED, name="setup", ready=True),
+    _container_status(_RUNNING, name="proxy", ready=True),
+]
 NATIVE_STATUSES: dict[str, dict[str, Any]] = {
     "Pending": {"phase": "Pending"},
     "ContainerCreating": {
         "phase": "Pending",
-        "containerStatuses": [_container_status({"waiting": {"reason": "ContainerCreating"}})],
+        "initContainerStatuses": _INITIALIZED,
+        "containerStatuses": [
+            _container_status({"waiting": {"reason": "ContainerCreating"}}),
+            _container_status({"waiting": {"reason": "ContainerCreating"}}, name="exporter"),
+        ],
+    },
+    "Initializing": {
+        "phase": "Pending",
+        "initContainerStatuses": [
+            _container_status(_RUNNING, name="setup"),
+            _container_status(_INITIALIZING, name="proxy"),
+        ],
+        "containerStatuses": [
+            _container_status(_INITIALIZING),
+            _container_status(_INITIALIZING, name="exporter"),
+        ],
     },
     "Running": {
         "phase": "Running",
         "podIP": "10.1.2.3",
         "podIPs": [{"ip": "10.1.2.3"}],
         "startTime": "2026-03-13T20:00:00Z",
-        "containerStatuses": [_container_status({"running": {"startedAt": _STARTED}}, ready=True)],
+        "initContainerStatuses": _INITIALIZED,
+        "containerStatuses": [
+            _container_status(_RUNNING, ready=True),
+            _container_status(_RUNNING, name="exporter", ready=True),
+        ],
+    },
+    "CrashLoopBackOff": {
+        "phase": "Running",
+        "initContainerStatuses": _INITIALIZED,
+        "containerStatuses": [
+            _container_status(_RUNNING, ready=True),
+            _container_status(
+                {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+                name="exporter",
+                restartCount=3,
+                lastState={"terminated": {"exitCode": 2, "reason": "Error"}},
+            ),
+        ],
     },
     "Unknown": {"phase": "Unknown"},
     "Succeeded": {
         "phase": "Succeeded",
+        "initContainerStatuses": [
+            _container_status(_COMPLETED, name="setup", ready=True),
+            _container_status(_COMPLETED, name="proxy"),
+        ],
         "containerStatuses": [
-            _container_status(
-                {
-                    "terminated": {
-                        "exitCode": 0,
-                        "reason": "Completed",
-                        "startedAt": _STARTED,
-                        "finishedAt": _FINISHED,
-                    }
-                }
-            )
+            _container_status(_COMPLETED),
+            _container_status(_COMPLETED, name="exporter"),
         ],
     },
     "Failed": {
         "phase": "Failed",
+        "initContainerStatuses": _INITIALIZED,
         "containerStatuses": [
             _container_status(
                 {
@@ -222,7 +274,19 @@ NATIVE_STATUSES: dict[str, dict[str, Any]] = {
                         "finishedAt": _FINISHED,
                     }
                 }
-            )
+            ),
+            _container_status(_COMPLETED, name="exporter"),
+        ],
+    },
+    "InitFailed": {
+        "phase": "Failed",
+        "initContainerStatuses": [
+            _container_status({"terminated": {"exitCode": 2, "reason": "Error"}}, name="setup"),
+            _container_status(_INITIALIZING, name="proxy"),
+        ],
+        "containerStatuses": [
+            _container_status(_INITIALIZING),
+            _container_status(_INITIALIZING, name="exporter"),
         ],
     },
     "Evicted": {
@@ -230,6 +294,14 @@ NATIVE_STATUSES: dict[str, dict[str, Any]] = {
         "reason": "Evicted",
         "message": "The node was low on resource: memory.",
     },
+}
+# Each native status is written over the previous one by a merge patch: what it does not
+# say is cleared, as a kubelet's full status would.
+_CLEARED: dict[str, Any] = {
+    "reason": None,
+    "message": None,
+    "initContainerStatuses": None,
+    "containerStatuses": None,
 }
 
 
@@ -239,10 +311,13 @@ class KubernetesHarness:
     native_states: Mapping[str, InstanceState] = {
         "Pending": InstanceState.PENDING,
         "ContainerCreating": InstanceState.PENDING,
+        "Initializing": InstanceState.PENDING,
         "Running": InstanceState.RUNNING,
+        "CrashLoopBackOff": InstanceState.RUNNING,  # B's kubelet restarts it
         "Unknown": InstanceState.LOST,
         "Succeeded": InstanceState.EXITED,
         "Failed": InstanceState.EXITED,
+        "InitFailed": InstanceState.EXITED,
         "Evicted": InstanceState.LOST,
         "Terminating": InstanceState.TERMINATING,
     }
@@ -388,19 +463,47 @@ class KubernetesHarness:
         admin.call("DELETE", f"/api/v1/namespaces/{namespace}", ok=(404,))
 
     def spec(self, pod_uid: str, attempt: int = 0) -> WorkloadSpec:
-        ports: tuple[Port, ...] = ()
+        """A whole pod: two app containers, an init container and a sidecar, with a probe of
+        every kind, so B's real validation sees every part of the manifest."""
+        ports: tuple[Port, ...] = (Port(8080, "TCP", "http"),)
         if self._invalid_next:
             self._invalid_next = False
             ports = (Port(container_port=0),)  # B refuses it: containerPort is required
+        sleep = ("python", "-c", "import time; time.sleep(60)")
+        main = ContainerSpec(
+            name="main",
+            image="example.com/contract:1",
+            command=sleep,
+            ports=ports,
+            cpu=0.25,
+            memory_bytes=256 * 2**20,
+            startup_probe=Probe(kind="exec", command=("true",), failure_threshold=30),
+            readiness_probe=Probe(kind="http", port=8080, path="/ready", period_seconds=2),
+        )
+        exporter = ContainerSpec(
+            name="exporter",
+            image="example.com/exporter:1",
+            command=sleep,
+            readiness_probe=Probe(kind="tcp", port=9100, initial_delay_seconds=1),
+            liveness_probe=Probe(kind="grpc", port=9101, grpc_service="health"),
+        )
+        setup = ContainerSpec(name="setup", image="example.com/setup:1", command=("true",))
+        proxy = ContainerSpec(
+            name="proxy", image="example.com/proxy:1", command=sleep, restart_policy="Always"
+        )
         return WorkloadSpec(
             pod_uid=pod_uid,
             namespace="ns-a",
             pod_name="p",
             container_name="main",
-            image="example.com/contract:1",
-            command=("python", "-c", "import time; time.sleep(60)"),
-            ports=ports,
+            image=main.image,
+            command=main.command,
+            ports=main.ports,
+            cpu=0.25,
+            memory_bytes=256 * 2**20,
             attempt=attempt,
+            containers=(main, exporter),
+            init_containers=(setup, proxy),
         )
 
     async def offer(self, provider: Provider) -> Offer:
@@ -455,7 +558,8 @@ class KubernetesHarness:
             admin.call("PATCH", path, {"metadata": {"finalizers": [HOLD_FINALIZER]}}, patch=True)
             admin.call("DELETE", path, {"gracePeriodSeconds": 30})
             return
-        admin.call("PATCH", f"{path}/status", {"status": NATIVE_STATUSES[native]}, patch=True)
+        status = _CLEARED | NATIVE_STATUSES[native]
+        admin.call("PATCH", f"{path}/status", {"status": status}, patch=True)
 
     def fail_next(self, kind: FailureKind, *, operation: Literal["create", "get"]) -> None:
         admin = self._require_admin()
