@@ -8,7 +8,9 @@ B's admin kubeconfig. A pod on A's virtual node therefore travels:
     A's agent → Kubernetes adapter → B's API → B's scheduler → B's agent → a local process
 
 and its logs come back the other way (``kubectl logs`` on A → A's kubelet API → adapter →
-B's ``pods/log`` → B's kubelet API → the process's log file).
+B's ``pods/log`` → B's kubelet API → the process's log file). A whole pod (app containers,
+an init container, a native sidecar, a readiness probe) travels as one remote pod: B's agent
+runs every container and the probe, and A's pod shows each container as B reports it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -135,7 +138,9 @@ async def bridge(
     cluster_b: LocalCluster,
     kube_b: ApiClient,
 ) -> Bridge:
-    agent_b = agents_b.start(providers=[{"name": "local-a", "offers": B_OFFERS}])
+    agent_b = agents_b.start(
+        providers=[{"name": "local-a", "offers": B_OFFERS, "restart_backoff_seconds": 1}]
+    )
     await _node_with_gpus(api_b, agent_b)
 
     # The operator's part (the adapter never creates it): the namespace, its default
@@ -226,7 +231,7 @@ async def test_a_pod_of_a_runs_in_b_and_its_logs_come_back(
     assert remote["metadata"]["labels"]["vk-provider.io/attempt"] == "0"
     assert remote["spec"]["nodeName"] == bridge.agent_b.node  # B's virtual node runs it
     assert remote["status"]["phase"] == "Running"
-    assert remote["spec"]["restartPolicy"] == "Never"
+    assert remote["spec"]["restartPolicy"] == "Always"  # the pod's own: B's kubelet restarts
     (container,) = remote["spec"]["containers"]
     assert container["command"] == [PY, "-c", script]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -283,7 +288,10 @@ async def test_secret_env_travels_as_a_secret_owned_by_the_remote_pod(
     name = remote["metadata"]["name"]
     (container,) = remote["spec"]["containers"]
     assert container["env"] == [
-        {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": name, "key": "API_TOKEN"}}}
+        {
+            "name": "API_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": name, "key": "main.API_TOKEN"}},
+        }
     ]
     assert secret_value not in json.dumps(remote)
     core_b = client.CoreV1Api(kube_b)
@@ -306,3 +314,180 @@ async def test_secret_env_travels_as_a_secret_owned_by_the_remote_pod(
     await wait_for(remote_gone, timeout=30, interval=0.5, what="the remote pod and Secret gone")
     for agent in (bridge.agent_a, bridge.agent_b):
         assert secret_value not in agent.log_text()
+
+
+LOOP = "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.2)\n"
+
+
+def _by_name(statuses: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for s in statuses or []}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _health_server(port: int, flag: Path) -> list[str]:
+    """A container serving /health: 200 once ``flag`` exists, 503 before."""
+    script = (
+        "import http.server, os\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        f"        self.send_response(200 if os.path.exists({str(flag)!r}) else 503)\n"
+        "        self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        "print('up', flush=True)\n"
+        f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n"
+    )
+    return [PY, "-c", script]
+
+
+def _whole_pod(node: str, name: str, shared: Path) -> dict[str, Any]:
+    """Two app containers (one with the GPU, one with a readiness probe that passes once a
+    flag file exists), a plain init container that writes what the app reads, and a native
+    sidecar."""
+    weights, flag = shared / f"{name}-weights", shared / f"{name}-ready"
+    pod = pod_on(
+        node,
+        name,
+        command=[PY, "-c", f"print(open({str(weights)!r}).read(), flush=True)\n{LOOP}"],
+    )
+    port = _free_port()
+    pod["spec"]["containers"].append(
+        {
+            "name": "metrics",
+            "image": "example.com/exporter:1",
+            "command": _health_server(port, flag),
+            "ports": [{"containerPort": port, "name": "health"}],
+            "readinessProbe": {
+                "httpGet": {"port": "health", "path": "/health"},
+                "periodSeconds": 1,
+                "failureThreshold": 1,
+            },
+        }
+    )
+    pod["spec"]["initContainers"] = [
+        {
+            "name": "fetch-weights",
+            "image": "example.com/fetch:1",
+            "command": [PY, "-c", f"open({str(weights)!r}, 'w').write('weights ready')"],
+        },
+        {
+            "name": "proxy",
+            "image": "example.com/proxy:1",
+            "restartPolicy": "Always",
+            "command": [PY, "-c", LOOP],
+        },
+    ]
+    return pod
+
+
+async def test_a_whole_pod_runs_in_b_and_a_shows_every_container(
+    bridge: Bridge,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    kubeconfig: Path,
+    kube_b: ApiClient,
+    tmp_path: Path,
+) -> None:
+    core_a = client.CoreV1Api(kube)
+    pod = _whole_pod(bridge.agent_a.node, "infer", tmp_path)
+    await core_a.create_namespaced_pod(namespace, pod)
+
+    async def all_running() -> dict[str, Any] | None:
+        if bridge.agent_a.process is not None and bridge.agent_a.process.poll() is not None:
+            pytest.fail(f"agent A exited:\n{bridge.agent_a.log_text()[-3000:]}")
+        pod = await api.get_pod(namespace, "infer")
+        status = (pod or {}).get("status") or {}
+        apps = _by_name(status.get("containerStatuses"))
+        inits = _by_name(status.get("initContainerStatuses"))
+        running = all("running" in apps.get(n, {}).get("state", {}) for n in ("main", "metrics"))
+        proxy_up = "running" in inits.get("proxy", {}).get("state", {})
+        return pod if status.get("phase") == "Running" and running and proxy_up else None
+
+    pod_a = await wait_for(all_running, timeout=120, interval=0.5, what="every container running")
+    status = pod_a["status"]
+    apps = _by_name(status["containerStatuses"])
+    inits = _by_name(status["initContainerStatuses"])
+    assert set(apps) == {"main", "metrics"} and set(inits) == {"fetch-weights", "proxy"}
+    assert inits["fetch-weights"]["state"]["terminated"]["exitCode"] == 0
+    assert inits["fetch-weights"]["state"]["terminated"]["reason"] == "Completed"
+    assert apps["main"]["ready"] is True and inits["proxy"]["ready"] is True
+    # B's agent runs the readiness probe, and A shows its verdict: not ready before the flag.
+    assert apps["metrics"]["ready"] is False
+    assert _condition(pod_a, "Ready").get("status") == "False"
+
+    (remote,) = await _remote_pods(kube_b, bridge.remote_namespace)
+    spec = remote["spec"]
+    assert spec["nodeName"] == bridge.agent_b.node
+    assert spec["restartPolicy"] == "Always"
+    assert [c["name"] for c in spec["initContainers"]] == ["fetch-weights", "proxy"]
+    assert [c.get("restartPolicy") for c in spec["initContainers"]] == [None, "Always"]
+    main, metrics = spec["containers"]
+    assert (main["name"], metrics["name"]) == ("main", "metrics")
+    assert main["resources"]["limits"]["nvidia.com/gpu"] == "1"  # the GPU where it was asked
+    assert "nvidia.com/gpu" not in metrics["resources"].get("limits", {})
+    probe = metrics["readinessProbe"]
+    port = metrics["ports"][0]["containerPort"]
+    assert probe["httpGet"] == {"path": "/health", "port": port, "scheme": "HTTP"}
+    assert (probe["periodSeconds"], probe["failureThreshold"], probe["timeoutSeconds"]) == (1, 1, 1)
+
+    (tmp_path / "infer-ready").touch()
+
+    async def ready() -> dict[str, Any] | None:
+        pod = await api.get_pod(namespace, "infer")
+        return pod if pod and _condition(pod, "Ready").get("status") == "True" else None
+
+    pod_a = await wait_for(ready, timeout=60, interval=0.5, what="the whole pod Ready in A")
+    assert _by_name(pod_a["status"]["containerStatuses"])["metrics"]["ready"] is True
+
+    # The app read what the init container wrote: B ran it first. (The first app container's
+    # logs, which kubectl picks when no container is named.)
+    logs = await _logs_through_a(kubeconfig, namespace, "infer", "weights ready")
+    assert logs.splitlines()[0] == "weights ready"
+
+    await core_a.delete_namespaced_pod("infer", namespace)
+
+    async def gone_everywhere() -> bool:
+        return not await _remote_pods(kube_b, bridge.remote_namespace) and (
+            await api.get_pod(namespace, "infer") is None
+        )
+
+    await wait_for(gone_everywhere, timeout=30, interval=0.5, what="the pod gone from A and B")
+
+
+async def test_a_crashing_container_is_restarted_by_b_never_relaunched_by_a(
+    bridge: Bridge,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    kube_b: ApiClient,
+) -> None:
+    crash = "print('run', flush=True)\nraise SystemExit(3)\n"
+    core_a = client.CoreV1Api(kube)
+    await core_a.create_namespaced_pod(
+        namespace, pod_on(bridge.agent_a.node, "crashy", command=[PY, "-c", crash])
+    )
+
+    async def restarted() -> dict[str, Any] | None:
+        pod = await api.get_pod(namespace, "crashy")
+        statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
+        if not statuses or statuses[0].get("restartCount", 0) < 2:
+            return None
+        return pod
+
+    pod_a = await wait_for(restarted, timeout=90, interval=0.5, what="two restarts shown in A")
+    assert pod_a["status"]["phase"] == "Running"  # B's kubelet restarts it; the pod runs on
+    (main,) = pod_a["status"]["containerStatuses"]
+    assert main["lastState"]["terminated"]["exitCode"] == 3
+    # One remote pod, the first attempt, all along: A never launched another.
+    (remote,) = await _remote_pods(kube_b, bridge.remote_namespace)
+    assert remote["metadata"]["labels"]["vk-provider.io/attempt"] == "0"
+    assert (
+        pod_a["metadata"]["annotations"]["vk-provider.io/instance-id"]
+        == (remote["metadata"]["name"])
+    )
+    assert remote["status"]["containerStatuses"][0]["restartCount"] >= 2
