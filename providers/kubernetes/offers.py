@@ -20,9 +20,12 @@ The sku encodes the shape (``1gpu.8cpu.32gib``, ``0gpu.2cpu.8gib``), so ``create
 other state. Price = GPUs x ``gpu_price_per_hour`` + vCPUs x ``cpu_price_per_hour``; offers
 dearer than ``max_price_per_hour`` are dropped; ``gpu_model`` is the configured one.
 
+An offer is the shape one whole pod may use, however many containers it has (``resources``
+shares it among them). Pods already on a node hold what the scheduler counts for them
+(``pod_requests``: their containers and sidecars, or their largest init container).
+
 Invariants: pure; quantities are read by ``vk_provider.domain.quantity`` (the one parser);
-offers count requests, not usage, and assume one container per pod; a node or pod that cannot
-be read is skipped and logged.
+offers count requests, not usage; a node or pod that cannot be read is skipped and logged.
 """
 
 from __future__ import annotations

@@ -115,6 +115,10 @@ def _waiting(seen: PodContainers) -> str:
     for init in seen.inits:
         if init.state is ContainerState.RUNNING:
             return f"PodInitializing: init container {init.name} is running"
+        if _failed(init):  # about to be restarted (or, with Never, to fail the pod)
+            return (
+                f"{init.reason or 'Error'}: init container {init.name} exited with {init.exit_code}"
+            )
         if init.state is ContainerState.WAITING and init.reason:
             return f"{init.reason}: {init.message}" if init.message else init.reason
     for app in seen.apps:

@@ -1265,6 +1265,7 @@ STATE_CASE_IDS = [
     "row3-pending-init-container-running",
     "row3-pending-init-container-crash-looping",
     "row3-pending-image-pull",
+    "row3-pending-init-container-failed",
     "row6-failed-first-failed-app-container",
     "row6-failed-init-container",
     "row7-failed-but-no-container-failed",
@@ -1419,6 +1420,19 @@ STATE_CASE_IDS = [
             InstanceState.PENDING,
             None,
             "ErrImagePull: manifest unknown",
+        ),
+        (
+            {
+                "phase": "Pending",
+                "initContainerStatuses": [
+                    {"name": "fetch", "state": {"terminated": {"exitCode": 4, "reason": "Error"}}}
+                ],
+                **_with_container({"waiting": {"reason": "PodInitializing"}}),
+            },
+            {},
+            InstanceState.PENDING,
+            None,
+            "Error: init container fetch exited with 4",
         ),
         (
             {
