@@ -19,7 +19,7 @@ from vk_provider.cluster import flags as f
 from vk_provider.cluster.cluster import free_ports
 from vk_provider.cluster.errors import ClusterError
 from vk_provider.cluster.flip import descheduler as d
-from vk_provider.cluster.flip import gang, ksm, kwok, tools
+from vk_provider.cluster.flip import ksm, kwok, tools, workloads
 from vk_provider.cluster.flip import prometheus as p
 from vk_provider.cluster.flip.child import ChildProcess, http_ok
 from vk_provider.cluster.flip.deployfiles import DESCHEDULER_POLICY, REPOSITORY
@@ -254,16 +254,21 @@ def test_a_policy_for_another_taint() -> None:
 
 def test_evictions_are_read_from_the_log() -> None:
     log = (
-        'I1201 10:00:00.1 1 descheduler.go:1] "Number of evictions" total=0\n'
         'I1201 10:00:01.2 1 evictions.go:5] "Evicted pod" pod="ml/infer-7f-abc" reason="" '
         'strategy="RemovePodsViolatingNodeTaints" node="vk-gpu" profile="flip-back"\n'
         'I1201 10:00:01.3 1 profile.go:9] "Total number of evictions/requests" '
         'extension point="Deschedule" evictedPods=1\n'
+        'I1201 10:00:01.4 1 descheduler.go:252] "Number of evictions/requests" totalEvicted=1 '
+        "evictionRequests=0\n"
     )
     assert d.parse_evictions(log) == (
         d.Eviction(pod="ml/infer-7f-abc", node="vk-gpu", strategy="RemovePodsViolatingNodeTaints"),
     )
     assert d.parse_evictions("nothing here") == ()
+    assert d.parse_cycles(log) == (1,)
+    run = d.DeschedulerRun(returncode=0, output=log, evictions=d.parse_evictions(log))
+    assert run.ok
+    assert not d.DeschedulerRun(returncode=0, output="Skipping", evictions=()).ok
 
 
 def test_descheduler_command_one_cycle() -> None:
@@ -284,20 +289,24 @@ def test_descheduler_command_one_cycle() -> None:
 
 
 def test_a_gang_and_its_members_share_a_priority_class() -> None:
-    group = gang.pod_group("train", namespace="ml", min_count=4, priority_class_name="training")
+    group = workloads.pod_group(
+        "train", namespace="ml", min_count=4, priority_class_name="training"
+    )
     assert group["apiVersion"] == "scheduling.k8s.io/v1beta1"
     assert group["spec"] == {
         "schedulingPolicy": {"gang": {"minCount": 4}},
         "priorityClassName": "training",
     }
-    pods = gang.gang_pods("train", namespace="ml", count=2, gpus=8, priority_class_name="training")
+    pods = workloads.gang_pods(
+        "train", namespace="ml", count=2, gpus=8, priority_class_name="training"
+    )
     assert [pod["metadata"]["name"] for pod in pods] == ["train-0", "train-1"]
     spec = pods[0]["spec"]
     assert spec["schedulingGroup"] == {"podGroupName": "train"}
     assert spec["priorityClassName"] == "training"
     assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     with pytest.raises(ValueError, match="at least 1"):
-        gang.pod_group("g", namespace="ml", min_count=0)
+        workloads.pod_group("g", namespace="ml", min_count=0)
 
 
 # --------------------------------------------------------------------------- child processes
@@ -365,3 +374,17 @@ def test_a_child_that_never_gets_healthy_is_stopped(tmp_path: Path) -> None:
             timeout=5.0,
         )
     assert not _alive(int(marker.read_text()))
+
+
+def test_an_inference_deployment_asks_gpus_and_has_a_budget() -> None:
+    deployment = workloads.gpu_deployment(
+        "infer", namespace="ml", replicas=6, gpus=1, priority_class_name="inference"
+    )
+    assert deployment["spec"]["replicas"] == 6
+    template = deployment["spec"]["template"]
+    assert template["metadata"]["labels"] == {"app": "infer"}
+    resources = template["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"] == {"nvidia.com/gpu": "1"}
+    assert "tolerations" not in template["spec"]  # the descheduler may move it back
+    pdb = workloads.pod_disruption_budget("infer", namespace="ml", app="infer")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "infer"}}}

@@ -12,6 +12,7 @@ deletes as "already gone"; any other non-2xx status raises ``ClusterError`` with
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import Mapping
 from types import TracebackType
@@ -94,6 +95,18 @@ class AdminApi:
             raise self._fail("POST", path, response)
         created: JSON = response.json()
         return created
+
+    def patch(self, path: str, patch: Mapping[str, Any]) -> JSON:
+        """A JSON merge patch (RFC 7386: lists are replaced whole, ``None`` removes a key)."""
+        response = self._client.patch(
+            path,
+            content=json.dumps(dict(patch)),
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        if response.status_code != 200:
+            raise self._fail("PATCH", path, response)
+        patched: JSON = response.json()
+        return patched
 
     def delete(self, path: str, *, grace_seconds: int | None = None) -> bool:
         """DELETE ``path``; False when it was already gone."""

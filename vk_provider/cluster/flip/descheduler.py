@@ -36,6 +36,9 @@ PROFILE: Final = "flip-back"
 #   I1201 ... evictions.go:...] "Evicted pod" pod="ns/name" reason="" strategy="X" node="vk-gpu"
 _EVICTED: Final = re.compile(r'"Evicted pod"(?P<fields>.*)$', re.MULTILINE)
 _FIELD: Final = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+# The last line of every cycle: "Number of evictions/requests" totalEvicted=1 evictionRequests=0
+_CYCLE_END: Final = re.compile(r'"Number of evictions/requests" totalEvicted=(\d+)')
+_SERVING: Final = "Serving securely on"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +60,8 @@ class DeschedulerRun:
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0
+        """The program exited 0 after a complete cycle (it also exits 0 when it skips one)."""
+        return self.returncode == 0 and bool(parse_cycles(self.output))
 
 
 def descheduler_policy(
@@ -134,6 +138,11 @@ def parse_evictions(output: str) -> tuple[Eviction, ...]:
     return tuple(found)
 
 
+def parse_cycles(output: str) -> tuple[int, ...]:
+    """The number of pods evicted by each finished cycle of a descheduler log, in order."""
+    return tuple(int(n) for n in _CYCLE_END.findall(output))
+
+
 def run_descheduler_once(
     binary: Path,
     *,
@@ -189,21 +198,26 @@ class Descheduler(RunningComponent):
     port: int
     interval: str
 
+    def output(self) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
     def evictions(self) -> tuple[Eviction, ...]:
         """Every eviction logged so far."""
-        try:
-            return parse_evictions(self.log_file.read_text(errors="replace"))
-        except FileNotFoundError:
-            return ()
+        return parse_evictions(self.output())
+
+    def cycles(self) -> tuple[int, ...]:
+        """Evictions per finished cycle so far (``len`` is the number of cycles)."""
+        return parse_cycles(self.output())
 
 
-def _started(log_file: Path) -> bool:
-    # The daemon logs each cycle; the first one shows it is connected and working.
+def _serving(log_file: Path) -> bool:
     try:
-        text = log_file.read_text(errors="replace")
+        return _SERVING in log_file.read_text(errors="replace")
     except FileNotFoundError:
         return False
-    return "descheduling" in text.lower() or "Serving securely" in text
 
 
 def start_descheduler(
@@ -216,8 +230,8 @@ def start_descheduler(
     timeout: float = 60.0,
     verbosity: int = 2,
 ) -> Descheduler:
-    """Start the descheduler as a daemon (a cycle every ``interval``); log
-    ``directory/descheduler.log``. Returns once it serves or has begun a cycle."""
+    """Start the descheduler as a daemon (a cycle every ``interval``, the first at once); log
+    ``directory/descheduler.log``. Returns once it serves its secure port."""
     if interval in ("0", "0s"):
         raise ClusterError("interval 0 is one cycle: use run_descheduler_once")
     directory.mkdir(parents=True, exist_ok=True)
@@ -235,7 +249,7 @@ def start_descheduler(
             verbosity=verbosity,
         ),
         log_file=log_file,
-        health=lambda: _started(log_file),
+        health=lambda: _serving(log_file),
         cwd=directory,
         timeout=timeout,
     )

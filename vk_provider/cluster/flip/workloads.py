@@ -1,13 +1,19 @@
-"""Manifests for gang-scheduled training with Kubernetes' native Workload API (pure builders).
+"""Manifests of the flip story's workloads (pure builders): gang training, GPU inference.
 
-Kubernetes 1.37 schedules a ``PodGroup`` (``scheduling.k8s.io/v1beta1``, feature gate
-``GenericWorkload``; ``flags.GANG_SCHEDULING`` turns it on) all or nothing: no pod of a group
-with ``gang.minCount: N`` binds until N of them can bind at once, and a group at a higher
-priority preempts lower-priority pods (inference) as one. Pods join a group through
+Training is gang-scheduled with Kubernetes' native Workload API. Kubernetes 1.37 schedules
+a ``PodGroup`` (``scheduling.k8s.io/v1beta1``, feature gate ``GenericWorkload``;
+``flags.GANG_SCHEDULING`` turns it on) all or nothing: no pod of a group with
+``gang.minCount: N`` binds until N of them can bind at once, and a group at a higher priority
+preempts lower-priority pods (inference) as one. Pods join a group through
 ``spec.schedulingGroup.podGroupName``.
 
+Inference is a plain Deployment of GPU pods (``gpu_deployment``) at a lower PriorityClass,
+with a PodDisruptionBudget (``pod_disruption_budget``) that the descheduler's evictions honour.
+
 Invariants (from the API server's validation, measured): a PodGroup's priority must equal its
-pods' priority, so both name the same PriorityClass; ``minCount`` is at least 1.
+pods' priority, so both name the same PriorityClass; ``minCount`` is at least 1. GPU requests
+equal limits (extended resources cannot be overcommitted). Containers are ``pause``: nothing
+pulls it on KWOK nodes, and on the virtual node the provider decides what runs.
 """
 
 from __future__ import annotations
@@ -114,3 +120,60 @@ def gang_pods(
         )
         for index in range(count)
     ]
+
+
+def deployments_path(namespace: str) -> str:
+    return f"/apis/apps/v1/namespaces/{namespace}/deployments"
+
+
+def pdbs_path(namespace: str) -> str:
+    return f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+
+
+def gpu_deployment(
+    name: str,
+    *,
+    namespace: str,
+    replicas: int,
+    gpus: int,
+    priority_class_name: str | None = None,
+    tolerations: list[JSON] | None = None,
+    image: str = PAUSE_IMAGE,
+    command: list[str] | None = None,
+) -> JSON:
+    """``replicas`` pods labelled ``app=<name>``, each asking ``gpus`` GPUs."""
+    container: JSON = {
+        "name": "serve",
+        "image": image,
+        "resources": {
+            "requests": {GPU_RESOURCE: str(gpus)},
+            "limits": {GPU_RESOURCE: str(gpus)},
+        },
+    }
+    if command:
+        container["command"] = command
+    pod_spec: JSON = {"containers": [container], "terminationGracePeriodSeconds": 2}
+    if priority_class_name:
+        pod_spec["priorityClassName"] = priority_class_name
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec},
+        },
+    }
+
+
+def pod_disruption_budget(name: str, *, namespace: str, app: str, max_unavailable: int = 1) -> JSON:
+    """A PDB over ``app=<app>`` pods allowing ``max_unavailable`` disruptions at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": app}}},
+    }
