@@ -226,6 +226,54 @@ def cluster_status(name: str = NAME_OPTION) -> None:
         raise typer.Exit(1)
 
 
+@cluster_app.command("flip-components")
+def cluster_flip_components(
+    name: str = NAME_OPTION,
+    nodes: int = typer.Option(4, "--nodes", min=1, help="Own GPU nodes for KWOK to play."),
+    gpus: int = typer.Option(8, "--gpus-per-node", min=1, help="nvidia.com/gpu per node."),
+) -> None:
+    """Run the flip's components beside a running cluster until Ctrl-C: KWOK with own GPU
+    nodes (gpu-node-0..), kube-state-metrics, Prometheus with deploy/prometheus's rules."""
+    from vk_provider.cluster.flip.deployfiles import descheduler_policy_file
+    from vk_provider.cluster.flip.descheduler import descheduler_command
+    from vk_provider.cluster.flip.stack import start_flip_components
+
+    cluster = LocalCluster(name)
+    if not cluster.status().healthy:
+        raise _fail(f"cluster {name!r} is not up: run `vk-provider cluster up --name {name}`")
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        tools = obtain_flip_tools()
+        directory = cluster.directory / "flip"
+        console.print(f"starting KWOK ({nodes} nodes), kube-state-metrics and Prometheus")
+        with start_flip_components(
+            cluster, directory=directory, own_nodes=nodes, gpus_per_node=gpus, tools=tools
+        ) as parts:
+            out.print(f"own GPU nodes: {', '.join(parts.nodes)}", highlight=False)
+            out.print(f"Prometheus: {parts.prometheus.url}", highlight=False)
+            out.print(f"kube-state-metrics: {parts.ksm.metrics_url}", highlight=False)
+            out.print(f"logs: {directory}", highlight=False)
+            once = descheduler_command(
+                tools.descheduler,
+                kubeconfig=cluster.kubeconfig,
+                policy=descheduler_policy_file(),
+                interval="0",
+                port=0,
+                cert_dir=directory / "descheduler-certs",
+            )
+            out.print(f"one descheduler cycle: {' '.join(once)}", highlight=False)
+            console.print("Ctrl-C stops them and removes the nodes.")
+            stop.wait()
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),

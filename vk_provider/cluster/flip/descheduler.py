@@ -11,7 +11,8 @@ Invariants:
   node (``nodeFit``), through the Eviction API (so PDBs hold).
 - At most ``max_per_node`` evictions per node and ``max_total`` per cycle: counters reset
   every cycle, so the pace is that many per interval.
-- Its secure port is a free 127.0.0.1 port with certificates in the caller's directory.
+- One cycle serves no port (``--secure-port=0``); the daemon's secure port (metrics) is a
+  free 127.0.0.1 port with self-signed certificates in the caller's directory.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ def descheduler_command(
     cert_dir: Path,
     verbosity: int = 2,
 ) -> list[str]:
-    """``interval`` ``0`` runs one cycle and exits; ``2m`` etc. runs a daemon."""
+    """``interval`` ``0`` runs one cycle and exits; ``2m`` etc. runs a daemon. ``port`` 0
+    serves no HTTPS (no metrics)."""
     return [
         str(binary),
         f"--kubeconfig={kubeconfig}",
@@ -158,13 +160,12 @@ def run_descheduler_once(
     end within ``timeout`` is killed and raises ``ClusterError``.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    (port,) = free_ports(1)
     argv = descheduler_command(
         binary,
         kubeconfig=kubeconfig,
         policy=policy,
         interval="0",
-        port=port,
+        port=0,  # one cycle serves nothing: no port to choose, none to collide
         cert_dir=directory / "certs",
         verbosity=verbosity,
     )
