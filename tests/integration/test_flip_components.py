@@ -1,19 +1,19 @@
 """The real components around the overflow flip, on a cluster of their own.
 
-This module starts a second control plane with native gang scheduling switched on
-(``flags.GANG_SCHEDULING``), then KWOK with two own GPU nodes of 8 GPUs, kube-state-metrics and
-Prometheus with the flip's recording rules (``start_flip_components``), and checks each piece
-the flip story rests on: the flags survive a restart and the API server reports its version;
-KWOK runs pods on its nodes; ``flip:own_gpus_full`` follows them through Prometheus' HTTP API;
-a PodGroup binds all or nothing; the descheduler evicts a pod from a node whose overflow taint
-it does not tolerate, one per cycle, and says so. Everything started here is stopped by the
-module's fixtures, whatever the tests do.
+This module uses a second control plane with native gang scheduling switched on
+(``gang_cluster`` in conftest.py, ``flags.GANG_SCHEDULING``), starts KWOK with two own GPU
+nodes of 8 GPUs, kube-state-metrics and Prometheus with the flip's recording rules
+(``start_flip_components``), and checks each piece the flip story rests on: the flags survive
+a restart and the API server reports its version; KWOK runs pods on its nodes and no other;
+``flip:own_gpus_full`` follows them through Prometheus' HTTP API; a PodGroup binds all or
+nothing; the descheduler evicts a pod from a node whose overflow taint it does not tolerate,
+one per cycle, and says so. Everything started here is stopped by the fixtures, whatever the
+tests do.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -37,16 +37,6 @@ from vk_provider.cluster.flip.tools import ensure_flip_tools
 pytestmark = pytest.mark.integration
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
 JSON = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def gang_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(f"vkt-flip-{os.getpid()}", root=tmp_path_factory.mktemp("flip-cluster"))
-    try:
-        cluster.up(ensure_binaries(), flags=GANG_SCHEDULING)
-        yield cluster
-    finally:
-        cluster.down()
 
 
 @pytest.fixture(scope="module")

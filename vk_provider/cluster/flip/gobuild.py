@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from vk_provider.cluster.binaries import Progress
@@ -46,7 +46,7 @@ class GoProgram:
     replaces: tuple[tuple[str, str], ...] = ()
     # ``-X importpath.name=value`` stamps; a stamp naming a missing variable is a no-op in Go,
     # so tests check the program's version output.
-    stamps: tuple[tuple[str, str], ...] = field(default=())
+    stamps: tuple[tuple[str, str], ...] = ()
 
     @property
     def cache_key(self) -> str:

@@ -52,7 +52,7 @@ class FlipComponents:
     prometheus: Prometheus
     nodes: list[str]
     descheduler: Descheduler | None = None
-    _cycles: int = field(default=0)
+    _cycles: int = field(default=0, init=False, repr=False)
 
     @property
     def kubeconfig(self) -> Path:
