@@ -149,7 +149,7 @@ def _fill(target: Path, package: str, version: str, *, libraries: bool, check: C
 
 
 def _cached_versions(package: str) -> list[str]:
-    found = sorted(cache_root().glob(f"{package}-*/{MARKER}"))
+    found = sorted(cache_root().glob(f"{package}-[0-9]*/{MARKER}"))  # versions start with a digit
     return [m.parent.name.removeprefix(f"{package}-") for m in found]
 
 

@@ -192,7 +192,7 @@ def find_flip_tools() -> FlipTools | None:
     others = [program_directory(p) / p.binary for p in (DESCHEDULER, KUBE_STATE_METRICS)]
     if not _kwok_complete(kwok) or not all(_executable(p) for p in others):
         return None
-    cached = sorted(cache_root().glob(f"{PROMETHEUS_PACKAGE}-*/{debian.MARKER}"))
+    cached = sorted(cache_root().glob(f"{PROMETHEUS_PACKAGE}-[0-9]*/{debian.MARKER}"))
     if not cached:
         return None
     root = cached[-1].parent
