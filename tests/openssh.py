@@ -6,7 +6,8 @@ filling it on first use: ``apt-get download`` of ``openssh-server`` and of those
 dependencies that are not installed (on Debian 12: ``libwrap0``), ``dpkg -x`` of each into a
 temporary directory, ``ldd`` to check every shared library resolves (with the extracted ones on
 ``LD_LIBRARY_PATH``), then one rename into the cache. Nothing is installed and no daemon is
-started. A machine without package lists gets ``apt-get update`` first (as root). A root
+started. A machine without package lists gets ``apt-get update`` first (as root). The Debian
+part is the product's ``vk_provider.cluster.flip.debian`` (Prometheus comes the same way). A root
 process also needs what Debian's postinst would make for privilege separation: the system user
 ``sshd`` and ``/run/sshd`` (created when missing; sshd refuses to start as root without them).
 ``python -m tests.openssh`` does all this ahead of the tests (``scripts/test`` runs it).
@@ -28,15 +29,16 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from vk_provider.cluster.flip import debian
+
 PACKAGE: Final = "openssh-server"
-_MARKER: Final = ".complete"
+SSHD: Final = "usr/sbin/sshd"
 _PR_SET_PDEATHSIG: Final = 1
 
 
@@ -56,15 +58,8 @@ class SshdBinary:
         return env
 
 
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "vk-provider" / "bin"
-
-
-def _run(argv: Sequence[str], *, cwd: Path | None = None) -> str:
-    result = subprocess.run(
-        list(argv), cwd=cwd, capture_output=True, text=True, timeout=600, check=False
-    )
+def _run(argv: Sequence[str]) -> str:
+    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=600, check=False)
     if result.returncode != 0:
         raise SshdUnavailable(
             f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()[-500:]}"
@@ -72,85 +67,17 @@ def _run(argv: Sequence[str], *, cwd: Path | None = None) -> str:
     return result.stdout
 
 
-def candidate_version() -> str:
-    """The version apt would install, after ``apt-get update`` if there are no lists yet."""
-    for attempt in range(2):
-        policy = _run(["apt-cache", "policy", PACKAGE])
-        for line in policy.splitlines():
-            key, _, value = line.strip().partition(":")
-            if key == "Candidate" and value.strip() and value.strip() != "(none)":
-                return value.strip()
-        if attempt == 0 and os.geteuid() == 0:
-            _run(["apt-get", "update", "-q"])
-    raise SshdUnavailable(f"apt knows no {PACKAGE}: run apt-get update (as root)")
-
-
-def _missing_library_packages(deb: Path) -> list[str]:
-    """The ``lib*`` packages ``deb`` depends on that are not installed here."""
-    depends = _run(["dpkg-deb", "-f", str(deb), "Depends"])
-    missing = []
-    for clause in depends.split(","):
-        name = clause.split("|")[0].split("(")[0].strip().split(":")[0]
-        if not name.startswith("lib"):
-            continue
-        status = subprocess.run(
-            ["dpkg-query", "-W", "-f=${db:Status-Abbrev}", name],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if not status.stdout.startswith("ii"):
-            missing.append(name)
-    return missing
-
-
-def _library_dirs(root: Path) -> list[str]:
-    """The directories under ``root`` that hold shared libraries, relative to ``root``."""
-    return sorted({str(p.parent.relative_to(root)) for p in root.rglob("*.so*") if p.is_file()})
-
-
-def _library_path(root: Path, relative: str) -> str:
-    return ":".join(str(root / part) for part in relative.split(":") if part)
-
-
-def _unresolved(sshd: Path, library_path: str) -> list[str]:
+def _check_sshd(root: Path, library_path: str) -> None:
+    """Refuse an extraction whose sshd needs a library that is neither here nor extracted."""
     env = {**os.environ, "LD_LIBRARY_PATH": library_path}
     result = subprocess.run(
-        ["ldd", str(sshd)], capture_output=True, text=True, env=env, check=False
+        ["ldd", str(root / SSHD)], capture_output=True, text=True, env=env, check=False
     )
-    return [line.split()[0] for line in result.stdout.splitlines() if "not found" in line]
-
-
-def _fill(target: Path, version: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        downloads = work / "debs"
-        downloads.mkdir()
-        _run(["apt-get", "download", "-q", f"{PACKAGE}={version}"], cwd=downloads)
-        (deb,) = downloads.glob("*.deb")
-        for name in _missing_library_packages(deb):
-            _run(["apt-get", "download", "-q", name], cwd=downloads)
-        root = work / "root"
-        for package in sorted(downloads.glob("*.deb")):
-            _run(["dpkg", "-x", str(package), str(root)])
-        sshd = root / "usr" / "sbin" / "sshd"
-        relative = ":".join(_library_dirs(root))
-        unresolved = _unresolved(sshd, _library_path(root, relative))
-        if unresolved:
-            raise SshdUnavailable(
-                f"the extracted sshd needs {', '.join(unresolved)}: "
-                f"apt-get install {PACKAGE} instead"
-            )
-        (root / _MARKER).write_text(relative + "\n")
-        shutil.rmtree(downloads)
-        try:
-            root.rename(target)
-        except OSError:  # another process filled it meanwhile
-            if not (target / _MARKER).exists():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    unresolved = [line.split()[0] for line in result.stdout.splitlines() if "not found" in line]
+    if unresolved:
+        raise debian.PackageUnavailable(
+            f"the extracted sshd needs {', '.join(unresolved)}: apt-get install {PACKAGE} instead"
+        )
 
 
 def _privilege_separation() -> None:
@@ -181,28 +108,11 @@ def ensure_sshd() -> SshdBinary:
             return SshdBinary(installed, "")
         raise SshdUnavailable("no apt-get and no /usr/sbin/sshd: install OpenSSH's server")
     try:
-        version = candidate_version()
-    except SshdUnavailable:
-        cached = sorted(cache_root().glob(f"{PACKAGE}-*/{_MARKER}"))
-        if not cached:
-            raise
-        version = cached[-1].parent.name.removeprefix(f"{PACKAGE}-")  # offline: what we have
-    target = cache_root() / f"{PACKAGE}-{version.replace(':', '_')}"
-    if not (target / _MARKER).exists():
-        try:
-            _fill(target, version)
-        except SshdUnavailable:
-            if os.geteuid() != 0:
-                raise
-            # Old package lists name a version the mirror no longer has: refresh, try again.
-            _run(["apt-get", "update", "-q"])
-            version = candidate_version()
-            target = cache_root() / f"{PACKAGE}-{version.replace(':', '_')}"
-            if not (target / _MARKER).exists():
-                _fill(target, version)
+        extracted = debian.ensure_extracted(PACKAGE, libraries=True, check=_check_sshd)
+    except debian.PackageUnavailable as exc:
+        raise SshdUnavailable(str(exc)) from exc
     _privilege_separation()
-    library_path = _library_path(target, (target / _MARKER).read_text().strip())
-    return SshdBinary(target / "usr" / "sbin" / "sshd", library_path)
+    return SshdBinary(extracted.path(SSHD), extracted.library_path)
 
 
 def free_port(address: str = "127.0.0.1") -> int:

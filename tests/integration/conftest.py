@@ -1,4 +1,5 @@
-"""Fixtures of the integration tests: agents under test and a dict-speaking API client."""
+"""Fixtures of the integration tests: agents under test, a dict-speaking API client, and a
+gang-scheduling cluster for the overflow flip's tests."""
 
 from __future__ import annotations
 
@@ -11,8 +12,23 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agent_harness import AgentHarness
+from vk_provider.cluster.binaries import ensure_binaries
 from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.cluster.flags import GANG_SCHEDULING
 from vk_provider.kube.client import KubeClient
+
+
+@pytest.fixture(scope="module")
+def gang_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A control plane of the module's own with native gang scheduling (``GANG_SCHEDULING``):
+    for the overflow flip's tests, which add KWOK nodes, KSM and Prometheus beside it
+    (``vk_provider.cluster.flip.stack.start_flip_components``)."""
+    cluster = LocalCluster(f"vkt-gang-{os.getpid()}", root=tmp_path_factory.mktemp("gang"))
+    try:
+        cluster.up(ensure_binaries(), flags=GANG_SCHEDULING)
+        yield cluster
+    finally:
+        cluster.down()
 
 
 @pytest.fixture

@@ -83,3 +83,40 @@ def test_up_is_idempotent_ready_and_down_leaves_nothing(
     assert "does not exist" in after.stderr
     # The session's cluster was untouched by all of this.
     assert control_plane.status().healthy
+
+
+def test_up_takes_feature_gates_and_keeps_them(control_plane: LocalCluster, tmp_path: Path) -> None:
+    env = {**os.environ, "VK_PROVIDER_STATE_DIR": str(tmp_path / "state")}
+    name = f"vkt-gates-{os.getpid()}"
+    cluster = LocalCluster(name, root=tmp_path / "state")
+    try:
+        first = _cli(
+            "cluster",
+            "up",
+            "--name",
+            name,
+            "--feature-gates",
+            "kube-scheduler:GenericWorkload=true",
+            "--runtime-config",
+            "scheduling.k8s.io/v1beta1=true",
+            env=env,
+        )
+        assert first.returncode == 0, first.stderr
+        scheduler = "kube-scheduler: --feature-gates=GenericWorkload=true"
+        assert scheduler in first.stderr
+
+        status = _cli("cluster", "status", "--name", name, env=env)
+        assert f"extra flags of {scheduler}" in status.stdout
+        assert "--runtime-config=scheduling.k8s.io/v1beta1=true" in status.stdout
+
+        # `up` again without flags keeps them; asking for others while it runs is refused.
+        again = _cli("cluster", "up", "--name", name, env=env)
+        assert again.returncode == 0, again.stderr
+        assert scheduler in again.stderr
+        other = _cli("cluster", "up", "--name", name, "--gang-scheduling", env=env)
+        assert other.returncode == 1
+        assert "cluster down" in other.stderr
+        assert cluster.flags().arguments("kube-controller-manager") == []
+    finally:
+        down = _cli("cluster", "down", "--name", name, env=env)
+    assert down.returncode == 0, down.stderr

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -38,8 +38,11 @@ from vk_provider.cli.client import (
 )
 from vk_provider.cli.local import local_app
 from vk_provider.cluster.binaries import PINNED, Binaries, ensure_binaries
+from vk_provider.cluster.binaries import Progress as BuildProgress
 from vk_provider.cluster.cluster import LocalCluster
 from vk_provider.cluster.errors import ClusterError
+from vk_provider.cluster.flags import requested_flags
+from vk_provider.cluster.flip.tools import FlipTools, ensure_flip_tools
 from vk_provider.domain.placement import CapacityType
 from vk_provider.runtime.registry import Registry
 from vk_provider.settings.secrets import ConfigError
@@ -65,8 +68,11 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def obtain_binaries() -> Binaries:
-    """Find the control-plane binaries, building them with visible progress when needed.
+T = TypeVar("T")
+
+
+def _with_progress(first: str, work: Callable[[BuildProgress], T]) -> T:
+    """Run ``work(progress)`` showing its progress.
 
     On a terminal this is a progress bar; in a log (CI) it is one line per phase and per
     tenth of the packages compiled, so a person reading the log sees it move.
@@ -81,9 +87,7 @@ def obtain_binaries() -> Binaries:
                 suffix = f" {done}/{total} packages" if total else ""
                 console.print(f"  {phase}{suffix}", highlight=False)
 
-        binaries = ensure_binaries(PINNED, progress=report_lines)
-        console.print(f"  binaries: {binaries.source}", highlight=False)
-        return binaries
+        return work(report_lines)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -92,24 +96,51 @@ def obtain_binaries() -> Binaries:
         console=console,
         transient=True,
     ) as bar:
-        task = bar.add_task("looking for control-plane binaries", total=None)
+        task = bar.add_task(first, total=None)
 
         def report(phase: str, done: int, total: int) -> None:
             bar.update(task, description=phase, completed=done, total=total or None)
 
-        binaries = ensure_binaries(PINNED, progress=report)
-    console.print(f"binaries: {binaries.source}", highlight=False)
+        return work(report)
+
+
+def obtain_binaries() -> Binaries:
+    """Find the control-plane binaries, building them with visible progress when needed."""
+    binaries = _with_progress(
+        "looking for control-plane binaries",
+        lambda progress: ensure_binaries(PINNED, progress=progress),
+    )
+    prefix = "  " if not console.is_terminal else ""
+    console.print(f"{prefix}binaries: {binaries.source}", highlight=False)
     return binaries
 
 
+def obtain_flip_tools() -> FlipTools:
+    """Find KWOK, the descheduler, kube-state-metrics and Prometheus, fetching what is missing."""
+    return _with_progress(
+        "looking for the flip components",
+        lambda progress: ensure_flip_tools(progress=progress),
+    )
+
+
 @cluster_app.command("binaries")
-def cluster_binaries() -> None:
+def cluster_binaries(
+    flip: bool = typer.Option(
+        False,
+        "--flip",
+        help="Also fetch the overflow flip's components: KWOK, the descheduler, "
+        "kube-state-metrics (built from the Go module proxy) and Prometheus (Debian's).",
+    ),
+) -> None:
     """Find or build the control-plane binaries (pinned version) and print where they are."""
     try:
         binaries = obtain_binaries()
+        tools = obtain_flip_tools() if flip else None
     except ClusterError as exc:
         raise _fail(str(exc)) from exc
     out.print(binaries.kube_apiserver.parent)
+    for name, path in tools.describe() if tools else ():
+        out.print(f"{name}: {path}", highlight=False)
 
 
 @cluster_app.command("up")
@@ -118,14 +149,37 @@ def cluster_up(
     apiserver_port: int = typer.Option(
         0, "--apiserver-port", help="Fixed API server port (default: a free port, kept)."
     ),
+    feature_gates: list[str] = typer.Option(
+        [],
+        "--feature-gates",
+        help="[COMPONENT:]Gate=true|false[,...] (repeatable); without COMPONENT for "
+        "kube-apiserver, kube-controller-manager and kube-scheduler alike. Kept by the cluster.",
+    ),
+    runtime_config: list[str] = typer.Option(
+        [],
+        "--runtime-config",
+        help="group/version=true|false[,...] for the API server (repeatable). Kept.",
+    ),
+    gang_scheduling: bool = typer.Option(
+        False,
+        "--gang-scheduling",
+        help="Native gang scheduling (GenericWorkload, WorkloadWithJob, "
+        "scheduling.k8s.io/v1beta1) on the components that need it.",
+    ),
 ) -> None:
     """Start the control plane (idempotent) and print the KUBECONFIG to use."""
     try:
+        flags = requested_flags(feature_gates, runtime_config, gang_scheduling=gang_scheduling)
         cluster = LocalCluster(name)
         binaries = obtain_binaries()
         kubeconfig = cluster.up(
-            binaries, apiserver_port=apiserver_port or None, say=lambda m: console.print(f"  {m}")
+            binaries,
+            apiserver_port=apiserver_port or None,
+            flags=flags,
+            say=lambda m: console.print(f"  {m}"),
         )
+        for line in cluster.flags().describe():
+            console.print(f"  {line}", highlight=False)
     except ClusterError as exc:
         raise _fail(str(exc)) from exc
     console.print(f"cluster [bold]{name}[/] is up. Use it with:")
@@ -166,9 +220,59 @@ def cluster_status(name: str = NAME_OPTION) -> None:
     out.print(table)
     ready = "[green]ready[/]" if status.apiserver_ready else "[red]not ready[/]"
     out.print(f"API server {status.server}: {ready}")
+    for line in LocalCluster(name).flags().describe():
+        out.print(f"extra flags of {line}", highlight=False)
     out.print(f"KUBECONFIG={status.kubeconfig}", highlight=False)
     if not status.healthy:
         raise typer.Exit(1)
+
+
+@cluster_app.command("flip-components")
+def cluster_flip_components(
+    name: str = NAME_OPTION,
+    nodes: int = typer.Option(4, "--nodes", min=1, help="Own GPU nodes for KWOK to play."),
+    gpus: int = typer.Option(8, "--gpus-per-node", min=1, help="nvidia.com/gpu per node."),
+) -> None:
+    """Run the flip's components beside a running cluster until Ctrl-C: KWOK with own GPU
+    nodes (gpu-node-0..), kube-state-metrics, Prometheus with deploy/prometheus's rules."""
+    from vk_provider.cluster.flip.deployfiles import descheduler_policy_file
+    from vk_provider.cluster.flip.descheduler import descheduler_command
+    from vk_provider.cluster.flip.stack import start_flip_components
+
+    cluster = LocalCluster(name)
+    if not cluster.status().healthy:
+        raise _fail(f"cluster {name!r} is not up: run `vk-provider cluster up --name {name}`")
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        tools = obtain_flip_tools()
+        directory = cluster.directory / "flip"
+        console.print(f"starting KWOK ({nodes} nodes), kube-state-metrics and Prometheus")
+        with start_flip_components(
+            cluster, directory=directory, own_nodes=nodes, gpus_per_node=gpus, tools=tools
+        ) as parts:
+            out.print(f"own GPU nodes: {', '.join(parts.nodes)}", highlight=False)
+            out.print(f"Prometheus: {parts.prometheus.url}", highlight=False)
+            out.print(f"kube-state-metrics: {parts.ksm.metrics_url}", highlight=False)
+            out.print(f"logs: {directory}", highlight=False)
+            once = descheduler_command(
+                tools.descheduler,
+                kubeconfig=cluster.kubeconfig,
+                policy=descheduler_policy_file(),
+                interval="0",
+                port=0,
+                cert_dir=directory / "descheduler-certs",
+            )
+            out.print(f"one descheduler cycle: {' '.join(once)}", highlight=False)
+            console.print("Ctrl-C stops them and removes the nodes.")
+            stop.wait()
+    except ClusterError as exc:
+        raise _fail(str(exc)) from exc
 
 
 def _setup_logging(level: str) -> None:

@@ -13,6 +13,8 @@ Invariants:
   not start two API servers.
 - The API server serves TLS, authorises with Node,RBAC, signs service-account tokens, and holds
   a client certificate for kubelet APIs whose user is bound to ``system:kubelet-api-admin``.
+- Feature gates and runtime-config (``flags.ClusterFlags``) are saved with the cluster and
+  kept by ``up`` again and by ``restart``; asking a running cluster for other flags fails.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from vk_provider.cluster import pki as pki_mod
 from vk_provider.cluster.binaries import Binaries
 from vk_provider.cluster.components import ClusterPorts
 from vk_provider.cluster.errors import ClusterError
+from vk_provider.cluster.flags import ClusterFlags, choose_flags
 from vk_provider.settings.paths import state_root
 
 SERVICE_CIDR = "10.0.0.0/24"
@@ -178,14 +181,24 @@ class LocalCluster:
         binaries: Binaries,
         *,
         apiserver_port: int | None = None,
+        flags: ClusterFlags | None = None,
         say: Say = _quiet,
         timeout: float = 90.0,
     ) -> Path:
-        """Start (or finish starting) the cluster; return the admin kubeconfig path."""
+        """Start (or finish starting) the cluster; return the admin kubeconfig path.
+
+        ``flags``: feature gates and runtime-config; None keeps the saved ones (none at first).
+        """
         with self._locked():
             state = self._load_state()
             records = self._records(state)
             ports = self._ports(state)
+            flags = choose_flags(
+                saved=ClusterFlags.from_json(state.get("flags")),
+                requested=flags,
+                running=any(is_running(r) for r in records.values()),
+                cluster=self.name,
+            )
             if ports is not None and apiserver_port and ports.apiserver != apiserver_port:
                 raise ClusterError(
                     f"cluster {self.name!r} already uses API server port {ports.apiserver}; "
@@ -208,11 +221,12 @@ class LocalCluster:
                     "scheduler": ports.scheduler,
                 },
                 "binaries": binaries.source,
+                "flags": flags.to_json(),
                 "processes": {n: r.to_json() for n, r in records.items() if n in running},
             }
             self._save_state(state)
 
-            commands = self._commands(binaries, ports)
+            commands = self._commands(binaries, ports, flags)
             health = self._health_checks(ports)
             for component in COMPONENT_ORDER:
                 record = records.get(component)
@@ -268,9 +282,10 @@ class LocalCluster:
             record = self._records(state).get(component)
             if record is not None:
                 stop_process(record)
+            flags = ClusterFlags.from_json(state.get("flags"))
             record = start_process(
                 component,
-                self._commands(binaries, ports)[component],
+                self._commands(binaries, ports, flags)[component],
                 log_file=self.log_file(component),
                 cwd=self.directory,
             )
@@ -304,6 +319,10 @@ class LocalCluster:
             kubeconfig=self.kubeconfig,
             server=server,
         )
+
+    def flags(self) -> ClusterFlags:
+        """The feature gates and runtime-config the cluster runs (or will run) with."""
+        return ClusterFlags.from_json(self._load_state().get("flags"))
 
     def pids(self) -> list[int]:
         """The pids of this cluster's running processes (used by tests and `status`)."""
@@ -351,9 +370,11 @@ class LocalCluster:
             components.scheduler_config(self.directory / "scheduler.kubeconfig")
         )
 
-    def _commands(self, binaries: Binaries, ports: ClusterPorts) -> dict[str, list[str]]:
-        return components.commands(
-            self.name, self.directory, self.pki, binaries, ports, SERVICE_CIDR
+    def _commands(
+        self, binaries: Binaries, ports: ClusterPorts, flags: ClusterFlags
+    ) -> dict[str, list[str]]:
+        return flags.apply(
+            components.commands(self.name, self.directory, self.pki, binaries, ports, SERVICE_CIDR)
         )
 
     def _client(self, *, verify: bool = True) -> httpx.Client:

@@ -1,0 +1,179 @@
+"""Manifests of the flip story's workloads (pure builders): gang training, GPU inference.
+
+Training is gang-scheduled with Kubernetes' native Workload API. Kubernetes 1.37 schedules
+a ``PodGroup`` (``scheduling.k8s.io/v1beta1``, feature gate ``GenericWorkload``;
+``flags.GANG_SCHEDULING`` turns it on) all or nothing: no pod of a group with
+``gang.minCount: N`` binds until N of them can bind at once, and a group at a higher priority
+preempts lower-priority pods (inference) as one. Pods join a group through
+``spec.schedulingGroup.podGroupName``.
+
+Inference is a plain Deployment of GPU pods (``gpu_deployment``) at a lower PriorityClass,
+with a PodDisruptionBudget (``pod_disruption_budget``) that the descheduler's evictions honour.
+
+Invariants (from the API server's validation, measured): a PodGroup's priority must equal its
+pods' priority, so both name the same PriorityClass; ``minCount`` is at least 1. GPU requests
+equal limits (extended resources cannot be overcommitted). Containers are ``pause``: nothing
+pulls it on KWOK nodes, and on the virtual node the provider decides what runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+JSON = dict[str, Any]
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+PRIORITY_CLASSES: Final = "/apis/scheduling.k8s.io/v1/priorityclasses"
+PAUSE_IMAGE: Final = "registry.k8s.io/pause:3.10"
+
+
+def pod_groups_path(namespace: str) -> str:
+    return f"/apis/scheduling.k8s.io/v1beta1/namespaces/{namespace}/podgroups"
+
+
+def pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"
+
+
+def priority_class(name: str, value: int, *, description: str = "") -> JSON:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+        "globalDefault": False,
+        "description": description or f"{name} ({value})",
+    }
+
+
+def pod_group(
+    name: str, *, namespace: str, min_count: int, priority_class_name: str | None = None
+) -> JSON:
+    """A gang: none of its pods binds until ``min_count`` of them can."""
+    if min_count < 1:
+        raise ValueError(f"minCount must be at least 1, not {min_count}")
+    spec: JSON = {"schedulingPolicy": {"gang": {"minCount": min_count}}}
+    if priority_class_name:
+        spec["priorityClassName"] = priority_class_name
+    return {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def gang_pod(
+    name: str,
+    *,
+    namespace: str,
+    group: str,
+    gpus: int,
+    priority_class_name: str | None = None,
+    labels: dict[str, str] | None = None,
+    image: str = PAUSE_IMAGE,
+) -> JSON:
+    """One member of ``group`` asking for ``gpus`` GPUs (requests = limits, as for GPUs)."""
+    spec: JSON = {
+        "schedulingGroup": {"podGroupName": group},
+        "containers": [
+            {
+                "name": "train",
+                "image": image,
+                "resources": {
+                    "requests": {GPU_RESOURCE: str(gpus)},
+                    "limits": {GPU_RESOURCE: str(gpus)},
+                },
+            }
+        ],
+        "terminationGracePeriodSeconds": 1,
+    }
+    if priority_class_name:
+        spec["priorityClassName"] = priority_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"gang": group, **(labels or {})},
+        },
+        "spec": spec,
+    }
+
+
+def gang_pods(
+    group: str,
+    *,
+    namespace: str,
+    count: int,
+    gpus: int,
+    priority_class_name: str | None = None,
+) -> list[JSON]:
+    """``count`` members of ``group`` named ``<group>-0 ..``."""
+    return [
+        gang_pod(
+            f"{group}-{index}",
+            namespace=namespace,
+            group=group,
+            gpus=gpus,
+            priority_class_name=priority_class_name,
+        )
+        for index in range(count)
+    ]
+
+
+def deployments_path(namespace: str) -> str:
+    return f"/apis/apps/v1/namespaces/{namespace}/deployments"
+
+
+def pdbs_path(namespace: str) -> str:
+    return f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+
+
+def gpu_deployment(
+    name: str,
+    *,
+    namespace: str,
+    replicas: int,
+    gpus: int,
+    priority_class_name: str | None = None,
+    tolerations: list[JSON] | None = None,
+    image: str = PAUSE_IMAGE,
+    command: list[str] | None = None,
+) -> JSON:
+    """``replicas`` pods labelled ``app=<name>``, each asking ``gpus`` GPUs."""
+    container: JSON = {
+        "name": "serve",
+        "image": image,
+        "resources": {
+            "requests": {GPU_RESOURCE: str(gpus)},
+            "limits": {GPU_RESOURCE: str(gpus)},
+        },
+    }
+    if command:
+        container["command"] = command
+    pod_spec: JSON = {"containers": [container], "terminationGracePeriodSeconds": 2}
+    if priority_class_name:
+        pod_spec["priorityClassName"] = priority_class_name
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec},
+        },
+    }
+
+
+def pod_disruption_budget(name: str, *, namespace: str, app: str, max_unavailable: int = 1) -> JSON:
+    """A PDB over ``app=<app>`` pods allowing ``max_unavailable`` disruptions at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": app}}},
+    }
