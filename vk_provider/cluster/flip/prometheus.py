@@ -201,15 +201,18 @@ def start_prometheus(
     rule_files: Sequence[Path] = (),
     interval: str = DEFAULT_INTERVAL,
     timeout: float = 60.0,
+    port: int | None = None,
 ) -> Prometheus:
     """Write the configuration into ``directory`` and start Prometheus (storage in
     ``directory/data``, log ``directory/prometheus.log``); return once it is ready.
+    ``port`` (default a free one) lets a restart keep its address.
 
     Rule files are referred to by absolute path; ``promtool check rules`` them first, a bad
     file makes Prometheus exit at start (the error is in the raised message).
     """
     directory.mkdir(parents=True, exist_ok=True)
-    (port,) = free_ports(1)
+    if port is None:
+        (port,) = free_ports(1)
     config = directory / "prometheus.yml"
     config.write_text(
         prometheus_config(

@@ -52,6 +52,7 @@ class FlipComponents:
     prometheus: Prometheus
     nodes: list[str]
     descheduler: Descheduler | None = None
+    _interval: str = DEFAULT_INTERVAL
     _cycles: int = field(default=0, init=False, repr=False)
 
     @property
@@ -91,6 +92,24 @@ class FlipComponents:
             interval=interval,
         )
         return self.descheduler
+
+    def stop_prometheus(self) -> None:
+        """An outage of the signal: Prometheus stops (``start_prometheus`` brings it back)."""
+        self.prometheus.stop()
+
+    def start_prometheus(self) -> Prometheus:
+        """Prometheus again, on the same address and storage (after ``stop_prometheus``)."""
+        if self.prometheus.running:
+            return self.prometheus
+        self.prometheus = start_prometheus(
+            self.tools.prometheus.prometheus,
+            targets=[self.ksm.address],
+            directory=self.directory / "prometheus",
+            rule_files=[flip_rules()],
+            interval=self._interval,
+            port=self.prometheus.port,
+        )
+        return self.prometheus
 
     def stop_descheduler(self) -> None:
         daemon, self.descheduler = self.descheduler, None
@@ -174,4 +193,5 @@ def start_flip_components(
         ksm=ksm,
         prometheus=prometheus,
         nodes=nodes,
+        _interval=interval,
     )
