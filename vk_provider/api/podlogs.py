@@ -35,6 +35,7 @@ from vk_provider.kube.client import KubeClient
 
 Placement = tuple[str, str]  # (provider, instance id)
 _KEPT_ATTEMPTS = 4
+_KEPT_PODS = 4096  # the oldest pods are forgotten first (a deleted pod is never asked again)
 
 
 class AttemptHistory:
@@ -53,6 +54,8 @@ class AttemptHistory:
         if not uid or not provider or not instance:
             return
         placement = (str(provider), str(instance))
+        if uid not in self._seen and len(self._seen) >= _KEPT_PODS:
+            del self._seen[next(iter(self._seen))]
         seen = self._seen.setdefault(uid, [])
         if placement not in seen:
             seen.append(placement)
