@@ -2,44 +2,51 @@
 
 Clouds that rent whole VMs (Lambda Cloud) take a cloud-init document at launch and nothing
 else; this module turns a ``WorkloadSpec`` into that document. It is a pure function of its
-inputs: no I/O, no clock, no randomness, so the same spec always gives the same bytes.
+inputs: no I/O, no clock, no randomness, so the same inputs always give the same bytes.
 
-What the VM does (everything under ``state_dir``, ``/var/lib/vk-provider`` by default)::
+What the VM gets (everything under ``state_dir``, ``/var/lib/vk-provider`` by default)::
 
-    container.env      the pod's environment in ``docker --env-file`` format (mode 0600)
-    container-env.sh   values ``--env-file`` cannot carry (line breaks; lines over Docker's
-                       64 KiB line limit), exported by the run script (mode 0600; written
-                       only when such values exist)
-    run.sh             waits for Docker, pulls the image, ``docker run``s it once (mode 0700)
-    exit-code          the container's exit code, written atomically when it ends
-    finished-at        when it ended (UTC, RFC 3339)
+    container.env          the pod's plain environment, ``docker --env-file`` format (0600)
+    container-env.sh       plain values ``--env-file`` cannot carry (line breaks; lines over
+                           Docker's 64 KiB limit), exported by run.sh (0600; only if needed)
+    secret.env.sealed      the pod's *secret* values, the same two ways, sealed to a passphrase
+    secret-env.sh.sealed   the agent delivers over SSH (``providers.sealed_env``; base64; 0600)
+    run.sh                 the boot script (``providers.boot_script``; 0700)
 
-``run.sh`` runs as the transient systemd unit ``vk-provider-workload`` (started by cloud-init's
-``runcmd`` without waiting), so cloud-init finishes booting while the container runs, and
-``journalctl -u vk-provider-workload`` on the VM shows the container's output.
+and, through cloud-init's own modules, the SSH host key the agent expects (``ssh_keys``: the
+agent then verifies the VM from its first connection on) and any extra public keys of people
+(``ssh_authorized_keys``). ``run.sh`` runs as the transient systemd unit
+``vk-provider-workload`` (started by ``runcmd`` without waiting), so cloud-init finishes
+booting while the VM prepares and the container runs.
 
 Invariants:
-- No environment value (secret or not) appears on any command line: values live only in the
-  0600 files above; ``docker run`` gets ``--env-file`` and, for the values the env-file cannot
-  carry, the variable *name* (Docker then reads the value from its own environment).
+- No secret env value (``EnvVar.secret``) is in the document in any readable form: each is
+  only in a sealed file. No env value at all is on a command line: values live in 0600 files;
+  ``docker run`` gets ``--env-file`` and, for values an env-file cannot carry, the *name*
+  (Docker reads the value from its own environment).
 - Every string from the pod reaches the shell through ``shlex.quote`` and the YAML through
   ``yaml.safe_dump``; cloud-init reads it back with ``yaml.safe_load``, so the round trip is
   exact for any text that can be a command-line argument at all. Text that cannot (NUL, lone
   surrogates) is refused with ``InvalidSpec`` naming the pod field.
-- The container runs once (``--restart no``): restarts are the agent's decision.
+- The container runs once (``--restart no``) and is kept when it ends (``docker inspect``
+  shows its state and exit code): restarts are the agent's decision.
 - The document is at most ``MAX_USER_DATA_BYTES``; larger ones raise ``InvalidSpec`` naming
   the pod field that made it large.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import yaml
 
+from providers.boot_script import SEALED_HEADER, SEALED_SUFFIX, run_script
+from providers.sealed_env import seal
 from vk_provider.domain.errors import InvalidSpec
 from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
 
@@ -50,8 +57,9 @@ STATE_DIR: Final = "/var/lib/vk-provider"
 UNIT_NAME: Final = "vk-provider-workload"
 ENV_FILE: Final = "container.env"
 SHELL_ENV_FILE: Final = "container-env.sh"
+SECRET_ENV_FILE: Final = "secret.env"  # noqa: S105 - a file name
+SECRET_SHELL_ENV_FILE: Final = "secret-env.sh"  # noqa: S105 - a file name
 RUN_SCRIPT: Final = "run.sh"
-EXIT_CODE_FILE: Final = "exit-code"
 
 _CONTAINER: Final = "spec.containers[0]"
 # Kubernetes accepts these environment variable names; Docker's env-file only refuses
@@ -65,15 +73,24 @@ _ENV_FILE_LINE_MAX: Final = 64 * 1024 - 1
 _ENV_STRING_MAX: Final = 128 * 1024 - 1
 _DOCKER_NAME_CHARS: Final = re.compile(r"[^a-zA-Z0-9_.-]")
 _PROTOCOLS: Final = {"TCP": "tcp", "UDP": "udp", "SCTP": "sctp"}
-# How long run.sh waits for the Docker daemon, and how often it tries to pull the image.
-_DOCKER_WAIT_TRIES: Final = 60
-_DOCKER_WAIT_SECONDS: Final = 5
-_PULL_TRIES: Final = 5
+
+
+@dataclass(frozen=True, slots=True)
+class HostKey:
+    """The VM's SSH host key, given to it by cloud-init (``ssh_keys``), so that the agent
+    knows the key before it first connects. ``public`` is ``ssh-ed25519 AAAA...``."""
+
+    private_openssh: str = field(repr=False)
+    public: str
+
+
+def container_name_for(request_id: str) -> str:
+    """The Docker container name on the VM: ``vk-<request id>`` in Docker's alphabet."""
+    return "vk-" + _DOCKER_NAME_CHARS.sub("-", request_id)
 
 
 def container_name(spec: WorkloadSpec) -> str:
-    """The Docker container name on the VM: ``vk-<request id>`` in Docker's alphabet."""
-    return "vk-" + _DOCKER_NAME_CHARS.sub("-", spec.request_id)
+    return container_name_for(spec.request_id)
 
 
 def build_user_data(
@@ -82,12 +99,18 @@ def build_user_data(
     gpus: bool,
     provider: str = "",
     state_dir: str = STATE_DIR,
+    secret_passphrase: str | None = None,
+    host_key: HostKey | None = None,
+    authorized_keys: Sequence[str] = (),
 ) -> str:
     """The ``#cloud-config`` document that runs ``spec`` with Docker on the VM.
 
-    ``gpus`` adds ``--gpus all`` (the NVIDIA runtime; the VM is the pod's alone, so the
-    container gets all of its GPUs). ``provider`` names the provider in errors. Raises
-    ``InvalidSpec`` for what cannot be expressed, and when the document is too large.
+    ``gpus`` adds ``--gpus all`` (and the NVIDIA checks; the VM is the pod's alone, so the
+    container gets all of its GPUs). ``provider`` names the provider in errors.
+    ``secret_passphrase`` seals the secret env values (required when there are any).
+    ``host_key`` and ``authorized_keys`` go to cloud-init's ``ssh_keys`` and
+    ``ssh_authorized_keys``. Raises ``InvalidSpec`` for what cannot be expressed, and when
+    the document is too large.
     """
     _check_text(spec.image, f"{_CONTAINER}.image", provider)
     if not spec.image or spec.image.startswith("-"):
@@ -102,54 +125,99 @@ def build_user_data(
         _check_text(arg, f"{_CONTAINER}.args[{index}]", provider)
     if spec.working_dir is not None:
         _check_text(spec.working_dir, f"{_CONTAINER}.workingDir", provider)
-    in_file, exported = _split_env(spec.env, provider)
+    plan = _plan_env(spec.env, provider)
+    if plan.has_secrets and not secret_passphrase:
+        raise ValueError("secret env values need a passphrase to be sealed with")
+
+    def path(name: str) -> str:
+        return f"{state_dir}/{name}"
 
     files: list[dict[str, str]] = [
-        _file(f"{state_dir}/{ENV_FILE}", _env_file(in_file, exported), "0600"),
+        _file(path(ENV_FILE), _env_file(plan.plain_file, plan.plain_exported), "0600"),
     ]
-    if exported:
-        files.append(_file(f"{state_dir}/{SHELL_ENV_FILE}", _env_script(exported), "0600"))
-    script = _run_script(spec, gpus=gpus, state_dir=state_dir, exported=bool(exported))
-    files.append(_file(f"{state_dir}/{RUN_SCRIPT}", script, "0700"))
-    document: dict[str, Any] = {
-        "write_files": files,
-        "runcmd": [
-            [
-                "systemd-run",
-                f"--unit={UNIT_NAME}",
-                "--no-block",
-                "--collect",
-                "/bin/bash",
-                f"{state_dir}/{RUN_SCRIPT}",
-            ]
-        ],
-    }
+    sources: list[str] = []
+    if plan.plain_exported:
+        files.append(_file(path(SHELL_ENV_FILE), _env_script(plan.plain_exported), "0600"))
+        sources.append(path(SHELL_ENV_FILE))
+    sealed: list[str] = []
+    secret_contents = [
+        (SECRET_ENV_FILE, plan.secret_file, _env_file(plan.secret_file, [])),
+        (SECRET_SHELL_ENV_FILE, plan.secret_exported, _env_script(plan.secret_exported)),
+    ]
+    for name, variables, content in secret_contents:
+        if variables and secret_passphrase:
+            blob = seal(f"{SEALED_HEADER}\n{content}".encode(), secret_passphrase)
+            files.append(_file(path(name + SEALED_SUFFIX), _base64_lines(blob), "0600"))
+            sealed.append(name)
+    if SECRET_SHELL_ENV_FILE in sealed:
+        sources.append(path(SECRET_SHELL_ENV_FILE))
+    argv = docker_run_argv(
+        spec,
+        gpus=gpus,
+        env_file=path(ENV_FILE),
+        secret_env_file=path(SECRET_ENV_FILE) if SECRET_ENV_FILE in sealed else None,
+    )
+    script = run_script(
+        state_dir=state_dir,
+        image=spec.image,
+        container=container_name(spec),
+        docker_run=argv,
+        gpus=gpus,
+        sources=sources,
+        sealed=sealed,
+    )
+    files.append(_file(path(RUN_SCRIPT), script, "0700"))
+    document: dict[str, Any] = {"write_files": files}
+    if host_key is not None:
+        document["ssh_keys"] = {
+            "ed25519_private": host_key.private_openssh,
+            "ed25519_public": host_key.public,
+        }
+    if authorized_keys:
+        document["ssh_authorized_keys"] = list(authorized_keys)
+    document["runcmd"] = [
+        [
+            "systemd-run",
+            f"--unit={UNIT_NAME}",
+            "--no-block",
+            "--collect",
+            "/bin/bash",
+            path(RUN_SCRIPT),
+        ]
+    ]
     user_data = "#cloud-config\n" + yaml.dump(
         document, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1_000_000
     )
     size = len(user_data.encode("utf-8"))
     if size > MAX_USER_DATA_BYTES:
-        field, contributed = _largest_contributor(spec)
+        where, contributed = _largest_contributor(spec)
         raise InvalidSpec(
             f"the cloud-init user_data that runs this pod would be {size} bytes, more than the "
-            f"{MAX_USER_DATA_BYTES} Lambda accepts; {field} alone takes {contributed} bytes",
+            f"{MAX_USER_DATA_BYTES} Lambda accepts; {where} alone takes {contributed} bytes",
             provider=provider,
-            field=field,
+            field=where,
         )
     return user_data
 
 
-def docker_run_argv(spec: WorkloadSpec, *, gpus: bool, env_file: str) -> list[str]:
+def docker_run_argv(
+    spec: WorkloadSpec, *, gpus: bool, env_file: str, secret_env_file: str | None = None
+) -> list[str]:
     """``docker run`` for ``spec``, as the argument list run.sh executes.
 
     Kubernetes' ``command`` replaces the image's ENTRYPOINT and ``args`` its CMD; Docker's
     ``--entrypoint`` takes one executable, so the rest of ``command`` goes after the image.
-    Setting ``--entrypoint`` also drops the image's CMD, as Kubernetes does.
+    Setting ``--entrypoint`` also drops the image's CMD, as Kubernetes does. The container is
+    detached (run.sh then waits for it with ``docker wait``) and logs to Docker's ``local`` driver,
+    which ``docker logs`` reads and which rotates (100 MB at most).
     """
     argv = ["docker", "run", "--name", container_name(spec), "--restart", "no"]
+    argv += ["--detach", "--log-driver", "local"]
     if gpus:
         argv += ["--gpus", "all"]
     argv += ["--env-file", env_file]
+    if secret_env_file is not None:
+        argv += ["--env-file", secret_env_file]
     for name in _exported_names(spec.env):
         argv += ["--env", name]  # the name only: Docker takes the value from its environment
     for port in _unique_ports(spec.ports):
@@ -166,28 +234,43 @@ def docker_run_argv(spec: WorkloadSpec, *, gpus: bool, env_file: str) -> list[st
 
 # --- environment ------------------------------------------------------------------------
 
+Pairs = list[tuple[str, str]]
 
-def _split_env(
-    env: Iterable[EnvVar], provider: str
-) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(for the env-file, to export) variables, validated, the last of a name winning."""
-    latest: dict[str, str] = {}
+
+@dataclass(frozen=True, slots=True)
+class _EnvPlan:
+    """Where each variable goes: plain or secret (by its last definition), env-file or
+    exported (by what the env-file can carry)."""
+
+    plain_file: Pairs
+    plain_exported: Pairs
+    secret_file: Pairs
+    secret_exported: Pairs
+
+    @property
+    def has_secrets(self) -> bool:
+        return bool(self.secret_file or self.secret_exported)
+
+
+def _plan_env(env: Iterable[EnvVar], provider: str) -> _EnvPlan:
+    """The variables, validated, the last of a name winning (its order and its secrecy)."""
+    latest: dict[str, EnvVar] = {}
     for index, var in enumerate(env):
-        field = f"{_CONTAINER}.env[{index}]"
+        where = f"{_CONTAINER}.env[{index}]"
         if not _ENV_NAME.fullmatch(var.name):
             raise InvalidSpec(
                 f"environment variable name {var.name!r} is not valid",
                 provider=provider,
-                field=f"{field}.name",
+                field=f"{where}.name",
             )
         # The value itself never goes into a message: it may come from a Secret.
-        _check_text(var.value, f"{field}.value", provider, what=f"the value of {var.name}")
+        _check_text(var.value, f"{where}.value", provider, what=f"the value of {var.name}")
         if len(f"{var.name}={var.value}".encode()) > _ENV_STRING_MAX:
             raise InvalidSpec(
                 f"the value of {var.name} is longer than Linux allows for one environment "
                 f"variable ({_ENV_STRING_MAX + 1} bytes with its name)",
                 provider=provider,
-                field=f"{field}.value",
+                field=f"{where}.value",
             )
         if _needs_export(var.name, var.value) and not _SHELL_NAME.fullmatch(var.name):
             raise InvalidSpec(
@@ -195,13 +278,24 @@ def _split_env(
                 "env-file cannot carry, and the name is not a shell variable name that "
                 "could carry it instead",
                 provider=provider,
-                field=f"{field}.name",
+                field=f"{where}.name",
             )
         latest.pop(var.name, None)  # re-insert so the order is that of the last definition
-        latest[var.name] = var.value
-    in_file = [(name, value) for name, value in latest.items() if not _needs_export(name, value)]
-    exported = [(name, value) for name, value in latest.items() if _needs_export(name, value)]
-    return in_file, exported
+        latest[var.name] = var
+
+    def pick(*, secret: bool, exported: bool) -> Pairs:
+        return [
+            (name, var.value)
+            for name, var in latest.items()
+            if var.secret == secret and _needs_export(name, var.value) == exported
+        ]
+
+    return _EnvPlan(
+        plain_file=pick(secret=False, exported=False),
+        plain_exported=pick(secret=False, exported=True),
+        secret_file=pick(secret=True, exported=False),
+        secret_exported=pick(secret=True, exported=True),
+    )
 
 
 def _needs_export(name: str, value: str) -> bool:
@@ -218,7 +312,7 @@ def _exported_names(env: Iterable[EnvVar]) -> list[str]:
     return [name for name, value in latest.items() if _needs_export(name, value)]
 
 
-def _env_file(in_file: list[tuple[str, str]], exported: list[tuple[str, str]]) -> str:
+def _env_file(in_file: Pairs, exported: Pairs) -> str:
     # Docker's env-file format: NAME=VALUE taken verbatim up to the end of the line, no
     # quoting, '#' starts a comment line.
     lines = ["# The pod's environment (docker --env-file). Written by vk-provider."]
@@ -228,72 +322,30 @@ def _env_file(in_file: list[tuple[str, str]], exported: list[tuple[str, str]]) -
     return "\n".join(lines) + "\n"
 
 
-def _env_script(exported: list[tuple[str, str]]) -> str:
+def _env_script(exported: Pairs) -> str:
     lines = ["# Values docker's env-file cannot carry; sourced by run.sh. Written by vk-provider."]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in exported]
     return "\n".join(lines) + "\n"
 
 
-# --- the run script -----------------------------------------------------------------------
-
-
-def _run_script(spec: WorkloadSpec, *, gpus: bool, state_dir: str, exported: bool) -> str:
-    state = shlex.quote(state_dir)
-    argv = docker_run_argv(spec, gpus=gpus, env_file=f"{state_dir}/{ENV_FILE}")
-    # The docker binary is resolved before the pod's exported variables are sourced: they
-    # may set PATH.
-    run = " ".join(['"$docker"', *(shlex.quote(arg) for arg in argv[1:])])
-    source = f". {shlex.quote(f'{state_dir}/{SHELL_ENV_FILE}')}\n" if exported else ""
-    return f"""#!/bin/bash
-# Runs the pod's container once and records its exit code. Written by vk-provider.
-set -u
-state={state}
-
-now() {{ date -u +%Y-%m-%dT%H:%M:%SZ; }}
-finish() {{
-    # Atomic: a reader sees no exit code or the whole one.
-    printf '%s\\n' "$1" > "$state/{EXIT_CODE_FILE}.tmp"
-    mv -f "$state/{EXIT_CODE_FILE}.tmp" "$state/{EXIT_CODE_FILE}"
-    now > "$state/finished-at"
-    exit 0
-}}
-
-# Docker may start after cloud-init's last stage: wait for the daemon.
-ready=0
-for _ in $(seq 1 {_DOCKER_WAIT_TRIES}); do
-    if docker info > /dev/null 2>&1; then ready=1; break; fi
-    sleep {_DOCKER_WAIT_SECONDS}
-done
-if [ "$ready" != 1 ]; then
-    echo "vk-provider: the Docker daemon did not become ready" >&2
-    finish 125
-fi
-docker=$(command -v docker)
-
-# Registries fail now and then; docker run pulls once more if every try here failed.
-for try in $(seq 1 {_PULL_TRIES}); do
-    "$docker" pull {shlex.quote(spec.image)} && break
-    [ "$try" = {_PULL_TRIES} ] || sleep $((try * 10))
-done
-
-{source}{run}
-finish "$?"
-"""
+def _base64_lines(blob: bytes) -> str:
+    """``base64`` as ``base64 -d`` reads it (76-character lines, as MIME writes them)."""
+    return base64.encodebytes(blob).decode("ascii")
 
 
 # --- helpers ------------------------------------------------------------------------------
 
 
-def _check_text(value: str, field: str, provider: str, *, what: str | None = None) -> None:
+def _check_text(value: str, where: str, provider: str, *, what: str | None = None) -> None:
     """Refuse text no command line or file can hold (NUL, unpaired surrogates)."""
-    what = what or field
+    what = what or where
     if "\0" in value:
-        raise InvalidSpec(f"{what} contains a NUL character", provider=provider, field=field)
+        raise InvalidSpec(f"{what} contains a NUL character", provider=provider, field=where)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidSpec(
-            f"{what} is not valid Unicode text", provider=provider, field=field
+            f"{what} is not valid Unicode text", provider=provider, field=where
         ) from None
 
 
@@ -323,8 +375,8 @@ def _largest_contributor(spec: WorkloadSpec) -> tuple[str, int]:
         f"{_CONTAINER}.args": sum(len(arg.encode()) for arg in spec.args),
         f"{_CONTAINER}.image": len(spec.image.encode()),
     }
-    field = max(sizes, key=lambda name: sizes[name])
-    return field, sizes[field]
+    largest = max(sizes, key=lambda name: sizes[name])
+    return largest, sizes[largest]
 
 
 class _Dumper(yaml.SafeDumper):

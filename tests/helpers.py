@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -28,3 +29,17 @@ async def wait_for(
         if loop.time() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+def wait_until(
+    predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str
+) -> T:
+    """``wait_for`` for synchronous code (a subprocess, a file): poll until truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)

@@ -2,14 +2,16 @@
 
 Lambda rents whole VMs (API 1.8.3, ``shared/provider-apis/lambda-cloud-openapi-1.8.3.json``).
 The pod's container runs on the VM through cloud-init ``user_data`` built by
-``providers.cloud_init`` (Docker with the NVIDIA runtime). Offers come from
-``GET /instance-types`` (``providers.lambda_cloud.offers``).
+``providers.cloud_init`` (Docker with the NVIDIA runtime, set up by ``providers.boot_script``).
+Offers come from ``GET /instance-types`` (``providers.lambda_cloud.offers``).
 
 Layers, top to bottom: ``LambdaCloudProvider`` (the contract) → pure builders and parsers of
-the API's payloads (``offers``, ``instances``, ``envelope``) → one thin call (``_call``) that
-rate-limits (``ratelimit``), sends through ``providers.http.JsonApi`` under the shared
-``RetryPolicy`` and unwraps ``{"data": ...}``. Every failure becomes a ``domain.errors`` class
-in one function, ``envelope.classify_failure``.
+the API's payloads (``offers``, ``instances``, ``sshkeys``, ``envelope``) → one thin call
+(``_call``) that rate-limits (``ratelimit``), sends through ``providers.http.JsonApi`` under
+the shared ``RetryPolicy`` and unwraps ``{"data": ...}``. Every failure becomes a
+``domain.errors`` class in one function, ``envelope.classify_failure``. Beside the API, the VMs
+themselves are read over SSH: ``vmwatch`` (what to ask, what it means, when to give up) →
+``ssh`` (asyncssh, one connection per VM) with keys from ``agentkey``.
 
 Decisions (each has a test):
 
@@ -19,10 +21,21 @@ Decisions (each has a test):
   is not launched twice (``get`` reports it PENDING for that long instead of ``NotFound``).
   A launch is never retried after the request may have reached Lambda (5xx, read timeout):
   that raises ``Transient``, and the agent's next ``create`` looks for the instance first.
-- **The container's exit is not observable.** Lambda's API reports the VM, not the container:
-  an active VM is RUNNING even after the container ended (its exit code is in
-  ``/var/lib/vk-provider/exit-code`` on the VM), so EXITED is never reported. There is no
-  logs API either: ``capabilities.logs`` is False and ``logs()`` raises ``NotFound``.
+- **The container's state comes from the VM.** Lambda's API reports the VM, not the
+  container, and has no logs API: ``get`` and ``list_ours`` refine each active VM with one SSH
+  probe of it (``docker inspect`` of the container named for the request id, and the boot
+  script's phase; ``vmwatch``, ``vmstate``), so a pod is RUNNING only while its container
+  runs, EXITED with the container's exit code when it ends (the agent's restart policy
+  decides; releasing the pod terminates the VM: nothing here keeps it), and ``logs`` streams
+  ``docker logs`` over SSH. No Lambda credential goes to the VM.
+- **The agent's own SSH key.** Launches name ``ssh_key_name``, the agent's public key, which
+  ``create`` registers through the SSH-key API when the account has no key of that name (once
+  per process; again after a launch failed, in case the key was deleted). A key of that name
+  with another public key is ``AuthFailed``: every VM launched with it would be unreadable.
+  People's keys reach the VMs through cloud-init (``authorized_keys``).
+- **Secret env values** never sit in plain ``user_data``: they are sealed to a passphrase that
+  only the agent can derive and that it delivers to the VM over SSH (the threat model is in
+  ``vmwatch``).
 - **Rate limits.** Requests are spaced ``request_interval`` (1 s) apart and launches
   ``launch_interval`` (12 s) apart, client-side; a 429 pushes every later request back by its
   ``Retry-After`` (or the first back-off). 429, 5xx and connection errors are retried a few
@@ -36,7 +49,8 @@ Decisions (each has a test):
 
 Invariants: the API key is read once (``SecretRef.resolve``) and lives only in the
 ``Authorization`` header; no message, log line or ``repr`` contains it (server-provided text
-is scrubbed of it too). Nothing but ``domain.errors`` escapes a public method.
+is scrubbed of it too), nor the agent's SSH private key. Nothing but ``domain.errors`` escapes
+a public method.
 """
 
 from __future__ import annotations
@@ -48,12 +62,14 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Literal
 
 import httpx
 
-from providers.cloud_init import build_user_data
+from providers.cloud_init import STATE_DIR, build_user_data
 from providers.http import Classify, ErrorAnswer, JsonApi, answered_status, never_sent
+from providers.lambda_cloud.agentkey import AgentKey
 from providers.lambda_cloud.config import LambdaProviderConfig
 from providers.lambda_cloud.envelope import Operation, classify_failure, parse_data
 from providers.lambda_cloud.instances import (
@@ -65,6 +81,9 @@ from providers.lambda_cloud.instances import (
 )
 from providers.lambda_cloud.offers import parse_offers
 from providers.lambda_cloud.ratelimit import Clock, RateLimiter
+from providers.lambda_cloud.ssh import SshVmShell, VmShell
+from providers.lambda_cloud.sshkeys import KeyOperation, ensure_registered
+from providers.lambda_cloud.vmwatch import VmWatch
 from providers.transport import RetryPolicy, Sleep
 from vk_provider.domain.errors import (
     CapacityUnavailable,
@@ -108,9 +127,9 @@ class _Call:
 
     @property
     def idempotent(self) -> bool:
-        # A launch that may have reached Lambda must not be sent again: it could make a
-        # second VM. Everything else (reads, terminate) is safe to repeat.
-        return not self.launch
+        # A launch (or a key added) that may have reached Lambda must not be sent again: it
+        # could make a second VM (or fail as a duplicate). Reads and terminate are safe.
+        return self.operation not in ("launch", "add ssh key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +151,12 @@ class LambdaCloudProvider:
         retry: RetryPolicy | None = None,
         request_interval: float = 1.0,
         launch_interval: float = 12.0,
+        state_dir: Path | None = None,
+        vm_shell: VmShell | None = None,
+        vm_state_dir: str = STATE_DIR,
     ) -> None:
+        """``state_dir`` keeps a generated SSH key; ``vm_shell`` is the test seam of SSH
+        (None: ``SshVmShell``); ``vm_state_dir`` is the boot script's directory on the VM."""
         if len(config.name) > TAG_VALUE_MAX:
             raise ConfigError(
                 f"provider {config.name[:40]!r}...: the name is a Lambda tag value, at most "
@@ -141,8 +165,30 @@ class LambdaCloudProvider:
         api_key = config.api_key.resolve()  # ConfigError names the reference, not the value
         if not api_key:
             raise ConfigError(f"credential {config.api_key.ref}: is empty")
+        self._agent_key = AgentKey.load(
+            reference=config.ssh_private_key, state_dir=state_dir, provider=config.name
+        )
         self._config = config
         self._clock = clock
+        self._vm_state_dir = vm_state_dir
+        self._watch = VmWatch(
+            shell=vm_shell
+            or SshVmShell(
+                client_key=self._agent_key.ssh_key,
+                provider=config.name,
+                connect_timeout=config.ssh_connect_timeout_seconds,
+                command_timeout=config.ssh_command_timeout_seconds,
+            ),
+            key=self._agent_key,
+            user=config.ssh_user,
+            port=config.ssh_port,
+            state_dir=vm_state_dir,
+            clock=clock,
+            unreachable_seconds=config.ssh_unreachable_seconds,
+            probe_seconds=config.ssh_connect_timeout_seconds + config.ssh_command_timeout_seconds,
+            concurrency=config.ssh_concurrency,
+        )
+        self._key_registered = False
         # One simulated clock in tests: the retries sleep as the rate limiters do.
         self._retry = dataclasses.replace(retry or DEFAULT_RETRY, sleep=sleep)
         self._requests = RateLimiter(request_interval, clock=clock, sleep=sleep)
@@ -175,7 +221,7 @@ class LambdaCloudProvider:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(logs=False, follow_logs=False, log_timestamps=False)
+        return Capabilities(logs=True, follow_logs=True, log_timestamps=True)
 
     async def offers(self) -> list[Offer]:
         data = await self._call(_Call("list instance types", "GET", "/instance-types"))
@@ -192,23 +238,31 @@ class LambdaCloudProvider:
         if offer.provider != self.name:
             raise CapacityUnavailable(f"offer {offer.key} is not {self.name}'s", provider=self.name)
         # Everything that can refuse the spec runs before any request.
-        body = launch_request(
+        user_data = build_user_data(
             spec,
-            offer,
-            config=self._config,
-            user_data=build_user_data(
-                spec, gpus=spec.gpu_count > 0 and offer.gpu_count > 0, provider=self.name
-            ),
+            gpus=spec.gpu_count > 0 and offer.gpu_count > 0,
+            provider=self.name,
+            state_dir=self._vm_state_dir,
+            secret_passphrase=self._agent_key.env_passphrase(spec.request_id),
+            host_key=self._agent_key.host_key(spec.request_id),
+            authorized_keys=self._config.authorized_keys,
         )
-        # The spec's secret env values travel in user_data: no answer may echo them to a log.
+        body = launch_request(spec, offer, config=self._config, user_data=user_data)
+        # The spec's secret env values are only sealed in user_data; should an answer echo
+        # any of them anyway, no log line or message may carry it.
         redact = self._api.redactor.with_secrets(var.value for var in spec.env if var.secret)
         async with self._create_lock:
             existing = await self._find(spec, redact)
             if existing is not None:
-                return existing
-            data = await self._call(
-                _Call("launch", "POST", "/instance-operations/launch", body=body), redact
-            )
+                return await self._watch.observe(existing, strict=False)
+            await self._ensure_ssh_key()
+            try:
+                data = await self._call(
+                    _Call("launch", "POST", "/instance-operations/launch", body=body), redact
+                )
+            except CapacityUnavailable:
+                self._key_registered = False  # the key may be what is missing: look again
+                raise
             with self._api.readable("launch"):
                 instance_id = parse_launch(data)
             log.info(
@@ -248,7 +302,7 @@ class LambdaCloudProvider:
             instance = parse_instance(data, provider=self.name)
         if instance is None:
             raise NotFound(f"Lambda instance {instance_id} is not one of ours", provider=self.name)
-        return instance
+        return await self._watch.observe(instance, strict=True)
 
     async def delete(self, instance_id: str, *, grace_seconds: float) -> None:
         """Terminate the VM. Lambda has no graceful stop: ``grace_seconds`` cannot be honoured
@@ -281,21 +335,32 @@ class LambdaCloudProvider:
         self._forget_old_terminations()
         self._terminate_sent[instance_id] = self._clock()
         log.info("%s: terminating %s", self.name, instance_id)
+        await self._watch.forget(instance_id)
 
     async def list_ours(self) -> list[Instance]:
+        """One API call, then at most one SSH probe per active VM, concurrently."""
         instances = await self._list()
-        return [i for i in instances if i.state is not InstanceState.TERMINATED]
+        live = [i for i in instances if i.state is not InstanceState.TERMINATED]
+        return await self._watch.observe_all(live)
 
     async def logs(self, instance_id: str, options: LogOptions) -> AsyncIterator[bytes]:
-        raise NotFound(
-            f"Lambda Cloud has no logs API; on the VM of {instance_id}, "
-            "`journalctl -u vk-provider-workload` or `docker logs` shows the container's output",
-            provider=self.name,
-        )
-        yield b""  # an async generator, like every provider's logs()
+        """``docker logs`` of the container, over SSH (``vmwatch``)."""
+        if not instance_id:
+            raise NotFound("no Lambda instance has an empty id", provider=self.name)
+        path = f"/instances/{urllib.parse.quote(instance_id, safe='')}"
+        data = await self._call(_Call("get instance", "GET", path))
+        with self._api.readable("get instance"):
+            instance = parse_instance(data, provider=self.name)
+        if instance is None:
+            raise NotFound(f"Lambda instance {instance_id} is not one of ours", provider=self.name)
+        async for chunk in self._watch.logs(instance, options):
+            yield chunk
 
     async def close(self) -> None:
-        await self._api.aclose()
+        try:
+            await self._watch.close()
+        finally:
+            await self._api.aclose()
 
     # --- internals ------------------------------------------------------------------------
 
@@ -311,6 +376,21 @@ class LambdaCloudProvider:
             if (found.pod_uid, found.attempt) == (spec.pod_uid, spec.attempt):
                 return found
         return None
+
+    async def _ensure_ssh_key(self) -> None:
+        """The agent's public key is in the account under ``ssh_key_name`` (``sshkeys``)."""
+        if self._key_registered:
+            return
+
+        async def call(operation: KeyOperation, body: Mapping[str, object] | None) -> object:
+            method: Literal["GET", "POST"] = "GET" if body is None else "POST"
+            return await self._call(_Call(operation, method, "/ssh-keys", body))
+
+        with self._api.readable("ssh keys"):
+            await ensure_registered(
+                call, name=self._config.ssh_key_name, key=self._agent_key, provider=self.name
+            )
+        self._key_registered = True
 
     def _recent_launch(self, instance_id: str) -> Instance | None:
         self._forget_old_launches()

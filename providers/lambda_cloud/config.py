@@ -15,7 +15,44 @@ class LambdaProviderConfig(CloudProviderSettings):
 
     type: Literal["lambda"]
     api_key: SecretRef = Field(description="API key, by reference (env:VAR or file:/path).")
-    ssh_key_name: str = Field(description="Name of an SSH key registered with Lambda Cloud.")
+    ssh_key_name: str = Field(
+        min_length=1,
+        max_length=64,
+        description="Name of the Lambda SSH key that launches name: the agent's own public key. "
+        "Registered by the agent when no key has this name; a key of this name with another "
+        "public key is refused (give its private key as ssh_private_key, or another name).",
+    )
+    ssh_private_key: SecretRef | None = Field(
+        None,
+        description="The agent's SSH private key (OpenSSH or PEM, unencrypted), by reference. "
+        "Unset: an ed25519 key generated once into the provider's state directory. Set it "
+        "(from a Secret) when the state directory does not survive the agent's pod: VMs "
+        "launched with a lost key cannot be read any more.",
+    )
+    ssh_user: str = Field("ubuntu", min_length=1, description="User the agent logs in as.")
+    ssh_port: int = Field(22, ge=1, le=65535, description="SSH port of the VMs.")
+    # A poll reads every VM within connect + command timeout; the agent gives one
+    # list_ours 20 s (InstanceTracker), so the defaults leave room for the API call.
+    ssh_connect_timeout_seconds: float = Field(
+        5, gt=0, le=60, description="Opening one SSH connection (TCP, handshake, login)."
+    )
+    ssh_command_timeout_seconds: float = Field(
+        10, gt=0, le=60, description="One command over an open SSH connection."
+    )
+    ssh_unreachable_seconds: float = Field(
+        900,
+        ge=60,
+        description="An active VM the agent cannot read over SSH for this long is reported "
+        "lost (its pod fails, the VM is terminated): an unobservable VM must not bill forever.",
+    )
+    ssh_concurrency: int = Field(
+        16, ge=1, le=256, description="Most VMs read over SSH at once in one poll."
+    )
+    authorized_keys: list[str] = Field(
+        default_factory=list,
+        description="Public keys (authorized_keys lines) of people who may log in to the VMs; "
+        "launches name only the agent's key, so these go in through cloud-init.",
+    )
     firewall_ruleset_ids: list[str] = Field(
         default_factory=list, description="Firewall rulesets to attach to launched instances."
     )

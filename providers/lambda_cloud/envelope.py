@@ -39,7 +39,15 @@ from vk_provider.domain.errors import (
 )
 from vk_provider.domain.redact import Redactor
 
-Operation = Literal["list instance types", "launch", "get instance", "list instances", "terminate"]
+Operation = Literal[
+    "list instance types",
+    "launch",
+    "get instance",
+    "list instances",
+    "terminate",
+    "list ssh keys",
+    "add ssh key",
+]
 
 _ERROR_TEXT_MAX: Final = 300
 _AUTH_CODES: Final = frozenset(

@@ -9,12 +9,12 @@ from vk_provider.settings.providers import BuildContext, ProviderType
 
 
 def build(settings: LambdaProviderConfig, context: BuildContext) -> Provider:
-    return LambdaCloudProvider(settings)
+    return LambdaCloudProvider(settings, state_dir=context.state_dir)
 
 
 PROVIDER_TYPE = ProviderType(
     name="lambda",
     settings=LambdaProviderConfig,
     build=build,
-    description="Lambda Cloud VMs running the pod's image through cloud-init.",
+    description="Lambda Cloud VMs running the pod's image through cloud-init, read over SSH.",
 )

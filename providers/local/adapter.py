@@ -1,24 +1,28 @@
-"""The local provider: runs each container's command as a process on this machine.
+"""The local provider: runs every container of a pod as a process on this machine.
 
-For development, the demo and end-to-end tests. There are no containers and no images: the
-pod's ``command`` + ``args`` run as a local process under ``providers.local.runner``, and the
-offers are simulated from the configuration (prices, capacity, launch latency, faults:
-``providers.local.faults``). Every instance is a directory of files (``providers.local.records``),
-so a fresh ``LocalProvider`` (an agent restart) finds every instance again, and the processes,
-like cloud machines, keep running while no agent watches them. Logs are CRI log lines
-(``providers.local.logs``).
+For development, the demo and end-to-end tests. There are no images: each container's
+``command`` + ``args`` run as a local program under the pod runner (``providers.local.runner``),
+which runs init containers in order, sidecars beside the app, and restarts containers per
+the pod's restart policy with kubelet's back-off, as a kubelet does (so this provider runs
+whole pods: ``Capabilities.multi_container``). Offers are simulated from the configuration
+(prices, capacity, launch latency, faults: ``providers.local.faults``). Every instance is a
+directory of files (``records.py``, ``layout.py``), so a fresh ``LocalProvider`` (an agent
+restart) finds every instance again, and the processes, like cloud machines, keep running
+while no agent watches them. Logs are CRI log lines per container (``logs.py``), the previous
+run's kept for ``kubectl logs --previous``.
 
 Invariants:
 - One instance per ``spec.request_id``: the directory name is derived from it, so a second
   create of the same request returns the first instance and starts no process.
-- The state of an instance is derived from its files and the liveness of the runner, in one
-  place (``_observe``); reads escalate a termination to SIGKILL once its deadline (stored on
-  disk) has passed, so a program ignoring SIGTERM ends even across agent restarts.
-- SIGTERM goes to the runner, which forwards it to the program (as a container runtime signals
-  only PID 1); SIGKILL goes to the runner's whole process group (runner, program, children).
+- The state of an instance is derived from its files and the liveness of its runner, in one
+  place (``observe.py``), which also escalates an overdue termination to SIGKILL.
+- SIGTERM goes to the runner, which stops the containers (app containers first, then the
+  sidecars), as a kubelet stops a pod; SIGKILL goes to every process group of the pod.
 - A scan of the state dir (``list_ours``, ``offers``, the capacity check of ``create``)
   forgets instances it finds TERMINATED by removing their directory, and ``delete`` of an
-  instance that no longer runs removes its directory; ``get`` then raises ``NotFound``.
+  instance that no longer runs removes its directory; ``get`` then raises ``NotFound``. The
+  logs of a released instance stay until it is deleted once more (the agent does that when
+  the pod goes), so `kubectl logs` works for completed pods.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import shutil
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime
 from pathlib import Path
 
 from providers.local.config import LocalProviderConfig
@@ -44,39 +47,31 @@ from providers.local.faults import (
     faults_locked,
     read_fault_overrides,
 )
-from providers.local.launch import (
-    PACKAGE_ROOT,
-    check_runnable,
-    process_environment,
-    runner_command,
+from providers.local.launch import PACKAGE_ROOT, local_containers, runner_command, write_pod
+from providers.local.layout import (
+    CONTAINER_LOG,
+    CONTAINER_ORDER,
+    CONTAINER_RESTART,
+    CONTAINER_SPEC,
+    CONTAINERS_DIR,
+    PREVIOUS_LOG,
+    container_dir,
+    container_names,
+    container_spec,
 )
-from providers.local.logs import ByteBudget, read_complete_lines, select_history
-from providers.local.processes import (
-    is_running,
-    reap,
-    signal_group,
-    signal_runner,
-    start_process,
-)
+from providers.local.logs import stream_log
+from providers.local.observe import enforce_deadline, kill_all, observe
+from providers.local.processes import signal_runner, start_process
 from providers.local.records import (
-    ENV_FILE,
-    EXIT_FILE,
     INSTANCE_FILE,
     INSTANCE_ID,
-    LOG_FILE,
-    LOST_FILE,
     RETAINED_LOGS_DIR,
     RUNNER_LOG_FILE,
-    STARTED_FILE,
     TERMINATE_FILE,
     Record,
     Termination,
-    instant,
-    mtime,
-    read_exit_code,
     read_record,
     read_termination,
-    read_text,
     write_json,
 )
 from providers.simulated import SimulatedOffer, simulated_offer
@@ -98,7 +93,9 @@ from vk_provider.domain.models import (
 log = logging.getLogger(__name__)
 
 _ACTIVE = frozenset({InstanceState.PENDING, InstanceState.RUNNING, InstanceState.TERMINATING})
-_FOLLOW_POLL_SECONDS = 0.2
+# A liveness-probe restart: SIGTERM, then SIGKILL after this long (kubelet uses the pod's
+# grace period; a local program that ignores SIGTERM should not hold a restart up for long).
+RESTART_GRACE_SECONDS = 10.0
 
 
 class LocalProviderDisabled(RuntimeError):
@@ -118,7 +115,7 @@ def _io_errors_as_transient(provider: str) -> Iterator[None]:
 
 
 class LocalProvider:
-    """``domain.contract.Provider`` running containers' commands as local processes."""
+    """``domain.contract.Provider`` running a pod's containers as local processes."""
 
     def __init__(
         self,
@@ -145,7 +142,16 @@ class LocalProvider:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(logs=True, follow_logs=True, log_timestamps=True)
+        return Capabilities(
+            logs=True,
+            follow_logs=True,
+            log_timestamps=True,
+            previous_logs=True,
+            multi_container=True,
+            init_containers=True,
+            sidecars=True,
+            probes="agent",  # the containers listen on this machine: the agent probes them
+        )
 
     @property
     def state_dir(self) -> Path:
@@ -171,7 +177,7 @@ class LocalProvider:
     async def get(self, instance_id: str) -> Instance:
         await self._delay()
         with _io_errors_as_transient(self.name):
-            instance = self._observe(self._directory(instance_id))
+            instance = observe(self._directory(instance_id), provider=self.name)
         if instance is None:
             raise NotFound(f"no local instance {instance_id!r}", provider=self.name)
         return instance
@@ -192,26 +198,59 @@ class LocalProvider:
         await self._delay()
         directory = self._directory(instance_id)
         with _io_errors_as_transient(self.name):
-            if read_record(directory) is None:
-                retained = self._retained_log(instance_id)
-                if not retained.exists():
-                    raise NotFound(f"no local instance {instance_id!r}", provider=self.name)
-                finished = LogOptions(
-                    tail_lines=options.tail_lines,
-                    timestamps=options.timestamps,
-                    since_seconds=options.since_seconds,
-                    limit_bytes=options.limit_bytes,
+            live = read_record(directory) is not None
+            base = directory if live else self._retained(instance_id)
+            if not base.is_dir():
+                raise NotFound(f"no local instance {instance_id!r}", provider=self.name)
+            path = self._log_path(base, instance_id, options)
+
+        def active() -> bool:
+            instance = observe(directory, provider=self.name) if live else None
+            return instance is not None and instance.state in _ACTIVE
+
+        async for chunk in stream_log(path, options, active=active):
+            yield chunk
+
+    async def restart_container(self, instance_id: str, container: str) -> None:
+        """Stop ``container`` (a failed liveness probe): SIGTERM, SIGKILL after a grace; the
+        pod runner then restarts it as the pod's restart policy says."""
+        await self._delay()
+        directory = self._directory(instance_id)
+        with _io_errors_as_transient(self.name):
+            record = read_record(directory)
+            if record is None:
+                raise NotFound(f"no local instance {instance_id!r}", provider=self.name)
+            if container not in container_names(directory):
+                raise NotFound(
+                    f"instance {instance_id} has no container {container!r}", provider=self.name
                 )
-                async for chunk in self._stream_log(directory, finished, path=retained):
-                    yield chunk
-                return
-            async for chunk in self._stream_log(directory, options):
-                yield chunk
+            request = container_dir(directory, container) / CONTAINER_RESTART
+            write_json(request, {"grace_seconds": RESTART_GRACE_SECONDS})
+            if record.process is not None:
+                signal_runner(record.process, signal.SIGUSR1)  # look at the requests now
 
     async def close(self) -> None:
         """Nothing to release: like cloud machines, instances outlive the agent."""
 
     # --- internals ------------------------------------------------------------------------
+
+    def _log_path(self, base: Path, instance_id: str, options: LogOptions) -> Path:
+        """The log file `kubectl logs` asks for: the container's current or previous run."""
+        names = container_names(base)
+        apps = [n for n in names if not (container_spec(base, n) or {}).get("init")]
+        name = options.container or (apps[0] if apps else None)
+        if name is None or name not in names:
+            raise NotFound(
+                f"container {options.container!r} is not valid for instance {instance_id}",
+                provider=self.name,
+            )
+        path = container_dir(base, name) / (PREVIOUS_LOG if options.previous else CONTAINER_LOG)
+        if options.previous and not path.exists():
+            raise NotFound(
+                f"previous terminated container {name!r} of instance {instance_id} not found",
+                provider=self.name,
+            )
+        return path
 
     async def _delay(self) -> None:
         with _io_errors_as_transient(self.name):
@@ -250,12 +289,10 @@ class LocalProvider:
                 field="metadata.uid",
             )
         directory = self._state_dir / instance_id
-        existing = self._observe(directory)
+        existing = observe(directory, provider=self.name)
         if existing is not None:
             return existing
-        argv = [*spec.command, *spec.args]
-        env = process_environment(spec)
-        check_runnable(argv, env, provider=self.name)
+        local_containers(spec, provider=self.name)  # refuse what cannot run before any claim
         configured = self._offers.get(offer.sku)
         if configured is None or offer.provider != self.name:
             raise CapacityUnavailable(f"no offer {offer.key} here", provider=self.name)
@@ -265,31 +302,37 @@ class LocalProvider:
                 f"offer {offer.key} is at capacity ({configured.capacity} running)",
                 provider=self.name,
             )
-        return self._launch(spec, configured, directory, argv, env)
+        return self._launch(spec, configured, directory)
 
-    def _retained_log(self, instance_id: str) -> Path:
-        return self._state_dir / RETAINED_LOGS_DIR / f"{instance_id}.log"
+    def _retained(self, instance_id: str) -> Path:
+        return self._state_dir / RETAINED_LOGS_DIR / instance_id
 
     def _release(self, directory: Path) -> None:
-        """Forget a finished instance, keeping its log for a later `logs` call."""
-        log_file = directory / LOG_FILE
-        if log_file.exists():
-            retained = self._retained_log(directory.name)
-            retained.parent.mkdir(exist_ok=True)
-            log_file.replace(retained)
+        """Forget a finished instance, keeping its containers' logs for a later `logs` call."""
+        retained = self._retained(directory.name)
+        shutil.rmtree(retained, ignore_errors=True)
+        names = container_names(directory)
+        for name in names:
+            source = container_dir(directory, name)
+            target = container_dir(retained, name)
+            target.mkdir(parents=True, exist_ok=True)
+            for kept in (CONTAINER_LOG, PREVIOUS_LOG, CONTAINER_SPEC):
+                with contextlib.suppress(FileNotFoundError):
+                    (source / kept).replace(target / kept)
+        if names:
+            write_json(retained / CONTAINERS_DIR / CONTAINER_ORDER, names)
         shutil.rmtree(directory, ignore_errors=True)
 
     def _delete(self, directory: Path, grace_seconds: float) -> None:
         record = read_record(directory)
-        instance = self._observe(directory)
+        instance = observe(directory, provider=self.name)
         if record is None or instance is None:
-            # Already gone: a second delete also drops the retained log.
-            self._retained_log(directory.name).unlink(missing_ok=True)
+            # Already gone: a second delete also drops the retained logs.
+            shutil.rmtree(self._retained(directory.name), ignore_errors=True)
             return
         if instance.state not in _ACTIVE:
             # Finished: release it. SIGKILL first in case the runner is still on its way out.
-            if record.process is not None:
-                signal_group(record.process, signal.SIGKILL)
+            kill_all(directory, record)
             self._release(directory)
             return
         now = time.time()
@@ -299,13 +342,13 @@ class LocalProvider:
             termination = Termination(requested_at=now, kill_deadline=deadline)
             write_json(directory / TERMINATE_FILE, termination.to_json())
             if record.process is not None and grace_seconds > 0:
-                # To the runner only: it forwards SIGTERM to the program, the way a container
-                # runtime signals PID 1, so the program sees one SIGTERM, not one per process.
+                # To the runner: it stops the containers as a kubelet stops a pod (app
+                # containers first, then the sidecars), each program getting one SIGTERM.
                 signal_runner(record.process, signal.SIGTERM)
         elif deadline < termination.kill_deadline:
             termination = Termination(termination.requested_at, deadline, termination.killed_at)
             write_json(directory / TERMINATE_FILE, termination.to_json())
-        self._enforce_deadline(directory, record, termination, now)
+        enforce_deadline(directory, record, termination, now)
 
     def _inject_create_failure(self) -> None:
         faults = self._faults()
@@ -329,14 +372,7 @@ class LocalProvider:
             raise NotFound(f"no local instance {instance_id!r}", provider=self.name)
         return self._state_dir / instance_id
 
-    def _launch(
-        self,
-        spec: WorkloadSpec,
-        offer: SimulatedOffer,
-        directory: Path,
-        argv: list[str],
-        env: dict[str, str],
-    ) -> Instance:
+    def _launch(self, spec: WorkloadSpec, offer: SimulatedOffer, directory: Path) -> Instance:
         # A directory without instance.json is what an interrupted create left; start over.
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
@@ -353,17 +389,19 @@ class LocalProvider:
         # Recorded before the process starts: an agent dying in between leaves an instance
         # that reports LOST instead of a directory nobody recognises.
         write_json(directory / INSTANCE_FILE, record.to_json())
-        write_json(directory / ENV_FILE, env, mode=0o600)  # may hold secrets: owner only
-        runner = runner_command(
+        inits, apps = local_containers(spec, provider=self.name)
+        write_pod(
             directory,
-            workdir=Path(spec.working_dir) if spec.working_dir else None,
-            startup_seconds=offer.startup_seconds,
-            argv=argv,
+            pod_name=spec.pod_name,
+            restart_policy=spec.restart_policy,
+            backoff_seconds=self._config.restart_backoff_seconds,
+            inits=inits,
+            apps=apps,
         )
         try:
             process = start_process(
                 f"local-runner {directory.name}",
-                runner,
+                runner_command(directory, startup_seconds=offer.startup_seconds),
                 log_file=directory / RUNNER_LOG_FILE,
                 cwd=PACKAGE_ROOT,
             )
@@ -373,7 +411,7 @@ class LocalProvider:
         record = dataclasses.replace(record, process=process)
         write_json(directory / INSTANCE_FILE, record.to_json())
         log.info("started %s for pod %s (pid %d)", directory.name, spec.pod_uid, process.pid)
-        instance = self._observe(directory)
+        instance = observe(directory, provider=self.name)
         assert instance is not None  # we just wrote it
         return instance
 
@@ -384,7 +422,7 @@ class LocalProvider:
             if not INSTANCE_ID.fullmatch(directory.name) or not directory.is_dir():
                 continue
             record = read_record(directory)
-            instance = self._observe(directory)
+            instance = observe(directory, provider=self.name)
             if record is None or instance is None:
                 continue
             if instance.state is InstanceState.TERMINATED:
@@ -399,127 +437,3 @@ class LocalProvider:
             if instance.state in _ACTIVE:
                 counts[record.sku] = counts.get(record.sku, 0) + 1
         return counts
-
-    async def _stream_log(
-        self, directory: Path, options: LogOptions, *, path: Path | None = None
-    ) -> AsyncIterator[bytes]:
-        path = path or directory / LOG_FILE
-        since_ns = (
-            None
-            if options.since_seconds is None
-            else time.time_ns() - options.since_seconds * 1_000_000_000
-        )
-        budget = ByteBudget(options.limit_bytes)
-        lines, offset = read_complete_lines(path, 0)
-        lines = select_history(lines, tail_lines=options.tail_lines, since_ns=since_ns)
-        finished = not options.follow
-        while True:
-            for line in lines:
-                chunk = budget.take(line.render(timestamps=options.timestamps))
-                if chunk:
-                    yield chunk
-                if budget.spent:
-                    return
-            if finished:
-                return
-            # Look at the process before reading: once it is seen finished, the read that
-            # follows holds everything it wrote, and the stream can end.
-            instance = self._observe(directory)
-            finished = instance is None or instance.state not in _ACTIVE
-            if not finished:
-                await asyncio.sleep(_FOLLOW_POLL_SECONDS)
-            lines, offset = read_complete_lines(path, offset)
-
-    def _enforce_deadline(
-        self, directory: Path, record: Record, termination: Termination, now: float
-    ) -> None:
-        if record.process is None or now < termination.kill_deadline:
-            return
-        if is_running(record.process):
-            log.info("%s: grace period over, sending SIGKILL", directory.name)
-            signal_group(record.process, signal.SIGKILL)
-            if termination.killed_at is None:
-                killed = Termination(termination.requested_at, termination.kill_deadline, now)
-                write_json(directory / TERMINATE_FILE, killed.to_json())
-
-    def _observe(self, directory: Path) -> Instance | None:
-        """The instance's state from its files and its runner; None if it does not exist.
-
-        Acts as well as reads: a lost instance's processes are killed, an overdue termination
-        is escalated to SIGKILL, and a finished runner is reaped.
-        """
-        record = read_record(directory)
-        if record is None:
-            return None
-        process = record.process
-        alive = process is not None and is_running(process)
-        if process is not None and not alive:
-            reap(process)
-
-        lost_message = read_text(directory / LOST_FILE)
-        if lost_message is not None:
-            if process is not None and alive:
-                signal_group(process, signal.SIGKILL)
-            return self._instance(
-                record,
-                directory,
-                InstanceState.LOST,
-                message=lost_message or "instance lost",
-                finished_at=mtime(directory / LOST_FILE),
-            )
-        exit_code = read_exit_code(directory)
-        finished_at = mtime(directory / EXIT_FILE)
-        termination = read_termination(directory)
-        if termination is not None:
-            if alive:
-                self._enforce_deadline(directory, record, termination, time.time())
-                return self._instance(
-                    record, directory, InstanceState.TERMINATING, message="termination requested"
-                )
-            return self._instance(
-                record,
-                directory,
-                InstanceState.TERMINATED,
-                exit_code=exit_code,
-                finished_at=finished_at or instant(termination.killed_at),
-                message="terminated on request",
-            )
-        if exit_code is not None:
-            return self._instance(
-                record,
-                directory,
-                InstanceState.EXITED,
-                exit_code=exit_code,
-                finished_at=finished_at,
-            )
-        if alive:
-            started = (directory / STARTED_FILE).exists()
-            state = InstanceState.RUNNING if started else InstanceState.PENDING
-            return self._instance(record, directory, state)
-        message = "process vanished" if process is not None else "launch interrupted"
-        return self._instance(record, directory, InstanceState.LOST, message=message)
-
-    def _instance(
-        self,
-        record: Record,
-        directory: Path,
-        state: InstanceState,
-        *,
-        message: str = "",
-        exit_code: int | None = None,
-        finished_at: datetime | None = None,
-    ) -> Instance:
-        return Instance(
-            provider=self.name,
-            instance_id=record.instance_id,
-            pod_uid=record.pod_uid,
-            attempt=record.attempt,
-            state=state,
-            offer_key=record.offer_key,
-            exit_code=exit_code,
-            message=message,
-            started_at=mtime(directory / STARTED_FILE),
-            finished_at=finished_at,
-            ip="127.0.0.1",
-            price_per_hour=record.price_per_hour,
-        )

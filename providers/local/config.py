@@ -23,7 +23,7 @@ class LocalFaults(Strict):
 
 
 class LocalProviderConfig(ProviderSettings):
-    """Runs each container's command as a local process: development, demo and tests only."""
+    """Runs each container of a pod as a local process: development, demo and tests only."""
 
     type: Literal["local"]
     enabled: bool = Field(
@@ -34,6 +34,13 @@ class LocalProviderConfig(ProviderSettings):
     )
     offers: list[SimulatedOffer] = Field(description="Simulated offers.")
     faults: LocalFaults = Field(default_factory=LocalFaults, description="Injected faults.")
+    restart_backoff_seconds: float = Field(
+        10,
+        gt=0,
+        le=300,
+        description="First crash-loop back-off of a restarting container (doubled per "
+        "restart, at most five minutes), as kubelet's.",
+    )
 
     @model_validator(mode="after")
     def _unique_skus(self) -> LocalProviderConfig:

@@ -22,10 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from providers.local.launch import PACKAGE_ROOT, runner_command
+from providers.local.launch import PACKAGE_ROOT, LocalContainer, runner_command, write_pod
 from providers.local.processes import start_process
 from providers.local.records import (
-    ENV_FILE,
     INSTANCE_FILE,
     INSTANCE_ID,
     LOST_FILE,
@@ -174,7 +173,7 @@ def inject_instance(
 
     ``like`` names an existing instance whose pod, attempt and offer the new one copies (a
     duplicate of the same attempt); ``pod_uid`` instead makes one for that pod (an orphan when
-    no such pod exists). It runs ``sleep`` until it is terminated.
+    no such pod exists). Its one container runs ``sleep`` until it is terminated.
     """
     if like is not None:
         source = read_record(state_dir / like)
@@ -197,11 +196,20 @@ def inject_instance(
     directory = state_dir / record.instance_id
     directory.mkdir(parents=True)
     write_json(directory / INSTANCE_FILE, record.to_json())
-    write_json(directory / ENV_FILE, {"PATH": os.environ.get("PATH", "")}, mode=0o600)
-    command = runner_command(directory, workdir=None, startup_seconds=0, argv=["sleep", "3600"])
+    sleeper = LocalContainer(
+        name="main", argv=("sleep", "3600"), env={"PATH": os.environ.get("PATH", "")}
+    )
+    write_pod(
+        directory,
+        pod_name="injected",
+        restart_policy="Never",
+        backoff_seconds=10,
+        inits=[],
+        apps=[sleeper],
+    )
     process = start_process(
         f"local-runner {directory.name}",
-        command,
+        runner_command(directory, startup_seconds=0),
         log_file=directory / RUNNER_LOG_FILE,
         cwd=PACKAGE_ROOT,
     )

@@ -1,17 +1,30 @@
-"""What the local provider starts: the checked argv and environment, and the runner's command.
+"""What the local provider starts: each container's checked argv and environment, the pod's
+plan on disk (``layout.py``), and the pod runner's command.
 
-Invariants: pure; a command or environment a process cannot take (empty argv, NUL bytes, ``=``
-in a name) is ``InvalidSpec`` naming the pod field; the program inherits only ``PATH``,
-``HOME`` and ``LANG`` from the agent, everything else comes from the pod spec.
+Invariants: a command or environment a process cannot take (empty argv, NUL bytes, ``=`` in a
+name) is ``InvalidSpec`` naming the container's pod field; a program inherits only ``PATH``,
+``HOME`` and ``LANG`` from the agent, everything else comes from the pod spec; a container's
+environment file is owner-only (it may hold secrets).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from providers.local.records import ENV_FILE, EXIT_FILE, LOG_FILE, STARTED_FILE
+from providers.local.layout import (
+    CONTAINER_ENV,
+    CONTAINER_ORDER,
+    CONTAINER_SPEC,
+    CONTAINERS_DIR,
+    POD_PLAN,
+    container_dir,
+)
+from providers.local.records import write_json
+from vk_provider.domain.containers import ContainerSpec
+from vk_provider.domain.envvar import EnvVar
 from vk_provider.domain.errors import InvalidSpec
 from vk_provider.domain.models import WorkloadSpec
 
@@ -20,62 +33,145 @@ _BASE_ENV = ("PATH", "HOME", "LANG")
 # The directory that holds the ``providers`` package: the runner starts there so that
 # ``python -m providers.local.runner`` runs this very code, installed or not.
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-_COMMAND_FIELD = "spec.containers[0].command"
 
 
-def process_environment(spec: WorkloadSpec) -> dict[str, str]:
-    """The program's environment: the agent's base variables, then the pod's."""
-    env = {name: os.environ[name] for name in _BASE_ENV if name in os.environ}
-    env.update({var.name: var.value for var in spec.env})
-    return env
+@dataclass(frozen=True, slots=True)
+class LocalContainer:
+    """One container as the pod runner runs it: a local program."""
+
+    name: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str | None = None
+    ports: tuple[int, ...] = ()
+    init: bool = False
+    sidecar: bool = False
 
 
-def check_runnable(argv: list[str], env: dict[str, str], *, provider: str) -> None:
+def process_environment(env: tuple[EnvVar, ...]) -> dict[str, str]:
+    """A program's environment: the agent's base variables, then the container's."""
+    result = {name: os.environ[name] for name in _BASE_ENV if name in os.environ}
+    result.update({var.name: var.value for var in env})
+    return result
+
+
+def check_runnable(argv: list[str], env: dict[str, str], *, provider: str, field: str) -> None:
     """``InvalidSpec`` when a process cannot be started with ``argv`` and ``env``."""
     if not argv:
         raise InvalidSpec(
             "the local provider runs the container's command as a local process and "
             "ignores the image, so the container needs a command (or args)",
             provider=provider,
-            field=_COMMAND_FIELD,
+            field=f"{field}.command",
         )
     if any("\0" in arg for arg in argv):
         raise InvalidSpec(
             "command and args must not contain NUL characters",
             provider=provider,
-            field=_COMMAND_FIELD,
+            field=f"{field}.command",
         )
     for name, value in env.items():
         if not name or "=" in name or "\0" in name or "\0" in value:
             raise InvalidSpec(
                 f"environment variable {name!r} cannot be set on a process",
                 provider=provider,
-                field="spec.containers[0].env",
+                field=f"{field}.env",
             )
 
 
-def runner_command(
-    directory: Path, *, workdir: Path | None, startup_seconds: float, argv: list[str]
-) -> list[str]:
-    """``python -m providers.local.runner`` for the instance in ``directory``; the program runs
-    in ``workdir`` when it is a directory, else in the instance's own."""
-    cwd = workdir if workdir is not None and workdir.is_dir() else directory
+def _one(spec: WorkloadSpec) -> ContainerSpec:
+    """The single container a spec without ``containers`` describes (older callers)."""
+    return ContainerSpec(
+        name=spec.container_name,
+        image=spec.image,
+        command=spec.command,
+        args=spec.args,
+        env=spec.env,
+        ports=spec.ports,
+        working_dir=spec.working_dir,
+    )
+
+
+def _local(
+    container: ContainerSpec, field: str, *, provider: str, init: bool = False
+) -> LocalContainer:
+    argv = [*container.command, *container.args]
+    env = process_environment(container.env)
+    check_runnable(argv, env, provider=provider, field=field)
+    workdir = container.working_dir
+    return LocalContainer(
+        name=container.name,
+        argv=tuple(argv),
+        env=env,
+        cwd=workdir if workdir and Path(workdir).is_dir() else None,
+        ports=tuple(p.container_port for p in container.ports),
+        init=init,
+        sidecar=init and container.sidecar,
+    )
+
+
+def local_containers(
+    spec: WorkloadSpec, *, provider: str
+) -> tuple[list[LocalContainer], list[LocalContainer]]:
+    """(init containers, app containers) of ``spec``, each checked runnable."""
+    apps = spec.containers or (_one(spec),)
+    return (
+        [
+            _local(c, f"spec.initContainers[{i}]", provider=provider, init=True)
+            for i, c in enumerate(spec.init_containers)
+        ],
+        [_local(c, f"spec.containers[{i}]", provider=provider) for i, c in enumerate(apps)],
+    )
+
+
+def write_pod(
+    directory: Path,
+    *,
+    pod_name: str,
+    restart_policy: str,
+    backoff_seconds: float,
+    inits: list[LocalContainer],
+    apps: list[LocalContainer],
+) -> None:
+    """The plan the pod runner follows, and each container's spec and environment."""
+    (directory / CONTAINERS_DIR).mkdir(parents=True, exist_ok=True)
+    for container in (*inits, *apps):
+        where = container_dir(directory, container.name)
+        where.mkdir()
+        # A program without its own working directory runs in its container's directory.
+        cwd = container.cwd or str(where)
+        write_json(
+            where / CONTAINER_SPEC,
+            {
+                "argv": list(container.argv),
+                "cwd": cwd,
+                "ports": list(container.ports),
+                "init": container.init,
+                "sidecar": container.sidecar,
+            },
+        )
+        write_json(where / CONTAINER_ENV, container.env, mode=0o600)  # may hold secrets
+    write_json(directory / CONTAINERS_DIR / CONTAINER_ORDER, [c.name for c in (*inits, *apps)])
+    write_json(
+        directory / POD_PLAN,
+        {
+            "pod": pod_name,
+            "restart_policy": restart_policy,
+            "backoff_seconds": backoff_seconds,
+            "init": [c.name for c in inits],
+            "apps": [c.name for c in apps],
+        },
+    )
+
+
+def runner_command(directory: Path, *, startup_seconds: float) -> list[str]:
+    """``python -m providers.local.runner`` for the instance in ``directory``."""
     return [
         sys.executable,
         "-m",
         "providers.local.runner",
-        "--log",
-        str(directory / LOG_FILE),
-        "--exit-file",
-        str(directory / EXIT_FILE),
-        "--started-file",
-        str(directory / STARTED_FILE),
-        "--env-file",
-        str(directory / ENV_FILE),
-        "--cwd",
-        str(cwd),
+        "--instance",
+        str(directory),
         "--start-delay",
         str(startup_seconds),
-        "--",
-        *argv,
     ]

@@ -2,14 +2,21 @@
 <text>``, as kubelet writes them), as the runner writes ``container.log``.
 
 Invariants: pure except ``read_complete_lines``, which reads only whole lines (a line the runner
-is still writing is left for the next read).
+is still writing is left for the next read), and ``stream_log``, which follows a file.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+from vk_provider.domain.models import LogOptions
+
+_FOLLOW_POLL_SECONDS = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +104,32 @@ class ByteBudget:
         chunk = chunk[: self._left]
         self._left -= len(chunk)
         return chunk
+
+
+async def stream_log(
+    path: Path, options: LogOptions, *, active: Callable[[], bool]
+) -> AsyncIterator[bytes]:
+    """What `kubectl logs` asks of one log file; with ``follow``, new lines until ``active``
+    says the writer is done (looked at before each read, so the last read holds everything)."""
+    since_ns = (
+        None
+        if options.since_seconds is None
+        else time.time_ns() - options.since_seconds * 1_000_000_000
+    )
+    budget = ByteBudget(options.limit_bytes)
+    lines, offset = read_complete_lines(path, 0)
+    lines = select_history(lines, tail_lines=options.tail_lines, since_ns=since_ns)
+    finished = not options.follow
+    while True:
+        for line in lines:
+            chunk = budget.take(line.render(timestamps=options.timestamps))
+            if chunk:
+                yield chunk
+            if budget.spent:
+                return
+        if finished:
+            return
+        finished = not active()
+        if not finished:
+            await asyncio.sleep(_FOLLOW_POLL_SECONDS)
+        lines, offset = read_complete_lines(path, offset)

@@ -5,11 +5,10 @@ only state, so a fresh ``LocalProvider`` (an agent restart) finds every instance
 
     instance.json    who it is for (pod uid, attempt, offer, price, created) and the runner's
                      ProcessRecord (pid + kernel start time, so a recycled pid is never ours)
-    env.json         the program's environment (owner-only; the runner deletes it once read)
-    container.log    the program's output in CRI log format (written by the runner)
+    pod.json, containers/...   the pod's plan and its containers' files (``layout.py``)
     runner.log       the runner's own output (tracebacks only)
-    started          created by the runner when the program starts (mtime = start time)
-    exit             the program's exit code, written atomically by the runner
+    started          created by the runner when the first container starts (mtime = then)
+    exit             the pod's exit code, written atomically by the runner when it ends
     terminate.json   a termination request and its SIGKILL deadline (written by ``delete``)
     lost             a fault-injected loss (see ``faults.inject_loss``); its text is the message
 
@@ -32,14 +31,13 @@ from providers.local.processes import ProcessRecord
 log = logging.getLogger(__name__)
 
 INSTANCE_FILE = "instance.json"
-LOG_FILE = "container.log"
-# Logs of instances that were released, kept until the instance is deleted once more (the
-# agent does that when the pod goes), so `kubectl logs` works for completed pods.
+# Logs of instances that were released (per container, as ``layout.py`` places them), kept
+# until the instance is deleted once more (the agent does that when the pod goes), so
+# `kubectl logs` works for completed pods.
 RETAINED_LOGS_DIR = "retained-logs"
 RUNNER_LOG_FILE = "runner.log"
 STARTED_FILE = "started"
 EXIT_FILE = "exit"
-ENV_FILE = "env.json"
 TERMINATE_FILE = "terminate.json"
 LOST_FILE = "lost"
 

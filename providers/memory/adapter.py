@@ -7,6 +7,11 @@ operation raise a given error, and ``terminate_seconds`` makes termination take 
 instance reports TERMINATING until then), and ``lost_deletes`` makes a termination stall
 (TERMINATING for ever, until it is asked for again), as a cloud that lost a delete does.
 
+With ``whole_pods`` it runs whole pods: every container is reported (plain init containers
+completed, sidecars and app containers running once the instance runs), ``set_container``
+puts one container in any state (a restart, a back-off, an init container still running),
+and ``exit`` ends the pod with every app container exited.
+
 Invariants:
 - Idempotent create by ``spec.request_id``; ``capacity`` per offer counts live instances.
 - ``delete`` of an unknown id succeeds; a terminated instance is gone from ``list_ours`` and
@@ -23,6 +28,7 @@ from datetime import UTC, datetime
 
 from providers.memory.config import MemoryProviderConfig
 from providers.simulated import simulated_offer
+from vk_provider.domain.containers import ContainerState, ContainerStatus, Termination
 from vk_provider.domain.errors import CapacityUnavailable, NotFound, ProviderError
 from vk_provider.domain.models import (
     Capabilities,
@@ -47,6 +53,7 @@ class _Record:
     created: float
     startup: float
     terminate_at: float | None = None
+    spec: WorkloadSpec | None = None
 
 
 class MemoryProvider:
@@ -79,7 +86,14 @@ class MemoryProvider:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(logs=False)
+        whole = self._config.whole_pods
+        return Capabilities(
+            logs=False,
+            multi_container=whole,
+            init_containers=whole,
+            sidecars=whole,
+            probes=self._config.probes,
+        )
 
     # --- steering (tests) ---------------------------------------------------------------
 
@@ -88,11 +102,40 @@ class MemoryProvider:
         self._failures.setdefault(operation, []).extend([error] * times)
 
     def exit(self, instance_id: str, code: int) -> None:
-        """The instance's container ends on its own with ``code``."""
+        """The instance's container (a whole pod: every app container) ends with ``code``."""
         record = self._records[instance_id]
-        record.instance = replace(
-            record.instance, state=InstanceState.EXITED, exit_code=code, finished_at=self._wall()
+        now = self._wall()
+        ended = tuple(
+            replace(
+                c,
+                state=ContainerState.TERMINATED,
+                exit_code=code,
+                finished_at=now,
+                reason="Completed" if code == 0 else "Error",
+            )
+            for c in record.instance.containers
         )
+        record.instance = replace(
+            record.instance,
+            state=InstanceState.EXITED,
+            exit_code=code,
+            finished_at=now,
+            containers=ended,
+        )
+
+    def set_container(
+        self, instance_id: str, status: ContainerStatus, *, init: bool = False
+    ) -> None:
+        """A whole pod's container (by name) now reports ``status``."""
+        record = self._records[instance_id]
+        current = record.instance.init_containers if init else record.instance.containers
+        if status.name not in {c.name for c in current}:
+            raise KeyError(f"instance {instance_id} has no container {status.name!r}")
+        updated = tuple(status if c.name == status.name else c for c in current)
+        if init:
+            record.instance = replace(record.instance, init_containers=updated)
+        else:
+            record.instance = replace(record.instance, containers=updated)
 
     def lose(self, instance_id: str, message: str = "lost by the provider") -> None:
         record = self._records[instance_id]
@@ -115,12 +158,36 @@ class MemoryProvider:
         instance = record.instance
         if instance.state is InstanceState.PENDING and now >= record.created + record.startup:
             instance = replace(instance, state=InstanceState.RUNNING, started_at=self._wall())
+            instance = self._started_containers(instance, record.spec)
         if instance.state is InstanceState.TERMINATING and (
             record.terminate_at is not None and now >= record.terminate_at
         ):
             instance = replace(instance, state=InstanceState.TERMINATED)
         record.instance = instance
         return instance
+
+    def _started_containers(self, instance: Instance, spec: WorkloadSpec | None) -> Instance:
+        """A whole pod that starts: init containers completed, the rest running."""
+        if spec is None or not self._config.whole_pods:
+            return instance
+        now = self._wall()
+        inits = tuple(
+            ContainerStatus(c.name, ContainerState.RUNNING, started_at=now)
+            if c.sidecar
+            else ContainerStatus(
+                c.name,
+                ContainerState.TERMINATED,
+                reason="Completed",
+                exit_code=0,
+                started_at=now,
+                finished_at=now,
+            )
+            for c in spec.init_containers
+        )
+        apps = tuple(
+            ContainerStatus(c.name, ContainerState.RUNNING, started_at=now) for c in spec.containers
+        )
+        return replace(instance, containers=apps, init_containers=inits)
 
     def _active(self, sku: str) -> int:
         return sum(
@@ -157,8 +224,10 @@ class MemoryProvider:
             ip="127.0.0.1",
             price_per_hour=configured.price_per_hour,
         )
+        if started:
+            instance = self._started_containers(instance, spec)
         self._records[instance_id] = _Record(
-            instance, configured.sku, self._clock(), configured.startup_seconds
+            instance, configured.sku, self._clock(), configured.startup_seconds, spec=spec
         )
         return instance
 
@@ -209,6 +278,32 @@ class MemoryProvider:
             raise NotFound(f"no instance {instance_id!r}", provider=self.name)
         return
         yield b""  # pragma: no cover - makes this an async generator
+
+    async def restart_container(self, instance_id: str, container: str) -> None:
+        """A whole pod's container is killed and started again at once (no back-off here)."""
+        self._call("restart_container")
+        record = self._records.get(instance_id)
+        if record is None:
+            raise NotFound(f"no instance {instance_id!r}", provider=self.name)
+        current = next((c for c in record.instance.containers if c.name == container), None)
+        if current is None:
+            raise NotFound(
+                f"instance {instance_id} has no container {container!r}", provider=self.name
+            )
+        now = self._wall()
+        killed = Termination(
+            exit_code=137, reason="Error", started_at=current.started_at, finished_at=now
+        )
+        self.set_container(
+            instance_id,
+            ContainerStatus(
+                container,
+                ContainerState.RUNNING,
+                started_at=now,
+                restart_count=current.restart_count + 1,
+                last_termination=killed,
+            ),
+        )
 
     async def close(self) -> None:
         return None

@@ -23,6 +23,14 @@ class MemoryProviderConfig(ProviderSettings):
         False, description="Must be true: pods on this provider only pretend to run."
     )
     offers: list[SimulatedOffer] = Field(description="Simulated offers.")
+    whole_pods: bool = Field(
+        False,
+        description="Run whole pods (several containers, init containers, sidecars) and "
+        "report each container, as a provider that restarts containers itself does.",
+    )
+    probes: Literal["none", "agent", "provider"] = Field(
+        "none", description="Who probes this provider's containers (its capabilities)."
+    )
 
     @model_validator(mode="after")
     def _unique_skus(self) -> MemoryProviderConfig:

@@ -1,14 +1,19 @@
 """Contract harness for Lambda Cloud: the adapter against a stateful respx fake of the API.
 
-``FakeLambda`` keeps instances in a dict and answers the five endpoints the adapter uses
-(instance types, launch, list, get, terminate) with payloads shaped by the published
-document (``lambda-cloud-openapi-1.8.3.json``). Every request the adapter sends, and every
-documented response the fake gives, is validated against that document with openapi-core:
+``FakeLambda`` keeps instances and SSH keys in dicts and answers the endpoints the adapter
+uses (instance types, launch, list, get, terminate, list and add SSH keys) with payloads shaped
+by the published document (``lambda-cloud-openapi-1.8.3.json``). Every request the adapter
+sends, and every documented response the fake gives, is validated against that document with
+openapi-core:
 a request the real API would refuse fails the test where it is sent. ``fail`` injects the
 API's real error shapes (and malformed bodies) for the next calls of one endpoint.
 
 ``FakeClock`` is simulated time for the adapter's rate limiter and retries: ``sleep``
 advances the clock instead of waiting, so a 12 s launch spacing costs nothing.
+
+``FakeVms`` is the adapter's SSH seam (``providers.lambda_cloud.ssh.VmShell``) in memory: what
+each VM's probe reports (by default: the container runs) and what its logs hold. The real SSH
+path runs against a real OpenSSH server in ``tests/unit/test_lambda_ssh.py``.
 
 The unit tests of the adapter (``tests/unit/test_lambda_cloud.py``) use the same fake.
 """
@@ -21,7 +26,7 @@ import json
 import tempfile
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,18 +41,23 @@ from werkzeug.datastructures import Headers, ImmutableMultiDict
 
 from providers.lambda_cloud.adapter import LambdaCloudProvider
 from providers.lambda_cloud.config import LambdaProviderConfig
+from providers.lambda_cloud.remote import ContainerState, VmReport
+from providers.lambda_cloud.ssh import VmTarget
 from providers.transport import RetryPolicy
 from tests.contract.harness import FailureKind
 from tests.fixtures import PROVIDER_APIS
 from vk_provider.domain.contract import Provider
-from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
+from vk_provider.domain.errors import NotFound
+from vk_provider.domain.models import InstanceState, LogOptions, Offer, WorkloadSpec
 
 BASE_URL = "https://cloud.lambda.ai/api/v1"
 API_KEY = "secret_vkprovider-test-key_0123456789abcdef"
 SSH_KEY = "vk-test-key"
 SPEC_NAME = "lambda-cloud-openapi-1.8.3.json"
 
-Endpoint = Literal["instance-types", "launch", "list", "get", "terminate"]
+Endpoint = Literal[
+    "instance-types", "launch", "list", "get", "terminate", "ssh-keys", "add-ssh-key"
+]
 
 
 def spec_path() -> Path:
@@ -254,13 +264,55 @@ class Injected:
     times: int | None = 1
 
 
+RUNNING = VmReport(phase="running", container=ContainerState("running", 0))
+
+
+class FakeVms:
+    """The VMs as the adapter's ``VmShell`` sees them (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.reports: dict[str, VmReport | Exception] = {}  # by instance id
+        self.default: VmReport | Exception = RUNNING
+        self.log_lines: dict[str, list[bytes]] = {}
+        self.probes: list[tuple[VmTarget, str | None]] = []
+        self.log_options: list[LogOptions] = []
+        self.forgotten: list[str] = []
+        self.closed = False
+
+    def report(self, instance_id: str, report: VmReport | Exception) -> None:
+        self.reports[instance_id] = report
+
+    async def probe(self, target: VmTarget, *, passphrase: str | None) -> VmReport:
+        self.probes.append((target, passphrase))
+        answer = self.reports.get(target.instance_id, self.default)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def logs(self, target: VmTarget, options: LogOptions) -> AsyncIterator[bytes]:
+        self.log_options.append(options)
+        lines = self.log_lines.get(target.instance_id)
+        if lines is None:
+            raise NotFound(f"no container on {target.instance_id}")
+        for line in lines:
+            yield line
+
+    async def forget(self, instance_id: str) -> None:
+        self.forgotten.append(instance_id)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
 class FakeLambda:
     """A stateful fake of the parts of Lambda Cloud API 1.8.3 the adapter uses."""
 
     def __init__(self, *, validate: bool = True, clock: Callable[[], float] | None = None) -> None:
         self.types = default_instance_types()
         self.instances: dict[str, dict[str, Any]] = {}
-        self.ssh_keys = {SSH_KEY}
+        # By name; the agent's key is added by the adapter itself (POST /ssh-keys).
+        self.ssh_keys: dict[str, dict[str, str]] = {}
+        self.vms = FakeVms()
         self.requests: list[httpx.Request] = []
         # (endpoint, time on ``clock``) of every request, to check the adapter's spacing.
         self.times: list[tuple[Endpoint, float]] = []
@@ -276,6 +328,8 @@ class FakeLambda:
             ("POST", "/instance-operations/terminate", "terminate", self._terminate),
             ("GET", "/instances", "list", self._list),
             ("GET", "/instances/(?P<instance_id>[^/]+)", "get", self._get),
+            ("GET", "/ssh-keys", "ssh-keys", self._list_keys),
+            ("POST", "/ssh-keys", "add-ssh-key", self._add_key),
         ]
         for method, path, endpoint, handler in routes:
             pattern = "^" + BASE_URL.replace(".", r"\.") + path + "$"
@@ -328,6 +382,9 @@ class FakeLambda:
 
     def calls(self, endpoint: Endpoint) -> list[httpx.Request]:
         return [r for r in self.requests if _endpoint(r) == endpoint]
+
+    def add_ssh_key(self, name: str, public_key: str) -> None:
+        self.ssh_keys[name] = {"id": uuid.uuid4().hex, "name": name, "public_key": public_key}
 
     # --- handlers -------------------------------------------------------------------------
 
@@ -423,6 +480,25 @@ class FakeLambda:
     def _list(self, request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json={"data": list(self.instances.values())})
 
+    def _list_keys(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"data": list(self.ssh_keys.values())})
+
+    def _add_key(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if body["name"] in self.ssh_keys:
+            return httpx.Response(
+                400,
+                json=error_body(
+                    "global/invalid-parameters",
+                    "An SSH key with this name already exists.",
+                    "Choose another name.",
+                ),
+            )
+        if "public_key" not in body:  # Lambda generates a pair; the adapter never asks it to
+            raise AssertionError("the adapter asked Lambda to generate its private key")
+        self.add_ssh_key(body["name"], body["public_key"])
+        return httpx.Response(200, json={"data": self.ssh_keys[body["name"]]})
+
     def _get(self, request: httpx.Request, instance_id: str) -> httpx.Response:
         instance = self.instances.get(urllib.parse.unquote(instance_id))
         if instance is None:
@@ -482,6 +558,8 @@ def _endpoint(request: httpx.Request) -> Endpoint | None:
         return "list"
     if path.startswith("/instances/"):
         return "get"
+    if path == "/ssh-keys":
+        return "ssh-keys" if request.method == "GET" else "add-ssh-key"
     return None
 
 
@@ -498,17 +576,32 @@ def make_config(key_file: Path, **overrides: Any) -> LambdaProviderConfig:
 
 
 def make_provider(
-    fake: FakeLambda, clock: FakeClock, key_file: Path, **overrides: Any
+    fake: FakeLambda,
+    clock: FakeClock,
+    key_file: Path,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    retry: RetryPolicy | None = None,
+    **overrides: Any,
 ) -> LambdaCloudProvider:
+    """The adapter on ``fake`` and its ``FakeVms``; its SSH key is generated beside
+    ``key_file`` (the API key's file)."""
     return LambdaCloudProvider(
         make_config(key_file, **overrides),
-        transport=fake.transport,
+        transport=transport or fake.transport,
         clock=clock,
         sleep=clock.sleep,
-        retry=RetryPolicy(
+        retry=retry
+        or RetryPolicy(
             attempts=3, backoff_seconds=0.5, max_backoff_seconds=2.0, max_retry_after_seconds=10.0
         ),
+        state_dir=key_file.parent / "state",
+        vm_shell=fake.vms,
     )
+
+
+def lines(*texts: str) -> Sequence[bytes]:
+    return [f"{text}\n".encode() for text in texts]
 
 
 class LambdaHarness:

@@ -47,9 +47,9 @@ def loop_time() -> float:
     return asyncio.get_running_loop().time()
 
 
-def memory_provider(name: str, *offers: dict[str, Any]) -> MemoryProvider:
+def memory_provider(name: str, *offers: dict[str, Any], **settings: Any) -> MemoryProvider:
     config = MemoryProviderConfig.model_validate(
-        {"type": "memory", "name": name, "enabled": True, "offers": list(offers)}
+        {"type": "memory", "name": name, "enabled": True, "offers": list(offers), **settings}
     )
     return MemoryProvider(config, clock=loop_time, wall_clock=loop_now)
 
@@ -235,6 +235,16 @@ class Core:
     def annotation(self, name: str, key: str, namespace: str = "ns") -> str | None:
         pod = self.kube.pod(namespace, name) or {}
         return ((pod.get("metadata") or {}).get("annotations") or {}).get(key)
+
+    def status(self, name: str, namespace: str = "ns") -> dict[str, Any]:
+        pod = self.kube.pod(namespace, name) or {}
+        return dict(pod.get("status") or {})
+
+    def condition(self, name: str, kind: str, namespace: str = "ns") -> str | None:
+        for condition in self.status(name, namespace).get("conditions") or []:
+            if condition.get("type") == kind:
+                return str(condition.get("status"))
+        return None
 
     def container_status(self, name: str, namespace: str = "ns") -> dict[str, Any]:
         pod = self.kube.pod(namespace, name) or {}

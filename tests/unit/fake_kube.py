@@ -157,12 +157,19 @@ class FakeKube:
         await self._record("MODIFIED", pod)
         return copy.deepcopy(pod)
 
-    async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str | None], *, uid: str
+    async def patch_pod_metadata(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None],
+        uid: str,
     ) -> JSON:
-        self._count("patch_annotations")
+        self._count("patch_metadata")
         pod = self._existing(namespace, name, uid)
         _merge(pod["metadata"].setdefault("annotations", {}), annotations)
+        _merge(pod["metadata"].setdefault("labels", {}), labels)
         await self._record("MODIFIED", pod)
         return copy.deepcopy(pod)
 

@@ -8,6 +8,7 @@ was given, so quoting is verified by a shell, not by reading strings.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shlex
@@ -22,17 +23,23 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from providers import sealed_env
 from providers.cloud_init import (
     ENV_FILE,
     MAX_USER_DATA_BYTES,
     RUN_SCRIPT,
+    SECRET_ENV_FILE,
+    SECRET_SHELL_ENV_FILE,
     SHELL_ENV_FILE,
     STATE_DIR,
     UNIT_NAME,
+    HostKey,
     build_user_data,
     container_name,
     docker_run_argv,
 )
+from tests.helpers import wait_until
+from tests.unit import canary
 from vk_provider.domain.errors import InvalidSpec
 from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
 
@@ -101,45 +108,150 @@ def parse_env_file(text: str) -> dict[str, str | None]:
 
 # --- running the script -------------------------------------------------------------------
 
+PASSPHRASE = "7f" * 32
+
+# The docker CLI as run.sh uses it. ``run`` records its argv, the environment of the names it
+# is given with --env, and the content of each --env-file (run.sh deletes the secret one
+# once docker has it); ``wait`` prints the container's exit code.
 FAKE_DOCKER = """#!{python}
 import json, os, sys
 args = sys.argv[1:]
 if args and args[0] == "run":
     names = [args[i + 1] for i, a in enumerate(args) if a == "--env"]
+    files = [args[i + 1] for i, a in enumerate(args) if a == "--env-file"]
     with open(os.environ["FAKE_DOCKER_OUT"], "w") as out:
-        json.dump({{"argv": args, "env": {{n: os.environ.get(n) for n in names}}}}, out)
-    sys.exit(int(os.environ.get("FAKE_DOCKER_EXIT", "0")))
+        json.dump({{"argv": args, "env": {{n: os.environ.get(n) for n in names}},
+                   "env_files": {{f: open(f).read() for f in files}}}}, out)
+    code = int(os.environ.get("FAKE_DOCKER_RUN_EXIT", "0"))
+    if code:
+        print("docker: Error response from daemon: pull access denied", file=sys.stderr)
+    else:
+        print("0123abcd")
+    sys.exit(code)
+if args and args[0] == "wait":
+    print(os.environ.get("FAKE_DOCKER_EXIT", "0"))
+    sys.exit(0)
+if args and args[0] == "info" and "--format" in args:
+    runtimes = {{"runc": {{}}}}
+    if os.path.exists(os.environ["FAKE_VM"] + "/nvidia-runtime"):
+        runtimes["nvidia"] = {{"path": "nvidia-container-runtime"}}
+    print(json.dumps(runtimes))
+    sys.exit(0)
+if args and args[0] == "inspect":
+    print("Error: No such object: " + args[-1], file=sys.stderr)
+    sys.exit(1)
 sys.exit(0)  # info, pull
 """
 
+# Every other tool the boot script may call: records its argv, succeeds unless told.
+FAKE_TOOL = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$FAKE_VM/calls"
+[ -e "$FAKE_VM/fail-$(basename "$0")" ] && exit 1
+case "$(basename "$0")" in
+    nvidia-ctk) touch "$FAKE_VM/nvidia-runtime" ;;
+    apt-get) case "$*" in *install*) ln -sf "$FAKE_VM/tool" "$FAKE_VM/bin/nvidia-ctk" ;; esac ;;
+esac
+exit 0
+"""
 
-def run_on_fake_vm(tmp_path: Path, user_data: str, *, exit_code: int = 0) -> dict[str, Any]:
-    """Do what cloud-init and systemd would, with a fake docker; return what docker got."""
+
+def fake_vm(tmp_path: Path, *, nvidia_runtime: bool = True) -> Path:
+    """A directory whose ``bin`` holds fake docker, nvidia-smi, apt-get, systemctl..."""
+    vm = tmp_path / "vm"
+    bin_dir = vm / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    docker = bin_dir / "docker"
+    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
+    docker.chmod(0o755)
+    tool = vm / "tool"
+    tool.write_text(FAKE_TOOL)
+    tool.chmod(0o755)
+    for name in ("nvidia-smi", "apt-get", "systemctl", "curl", "gpg"):
+        if not (bin_dir / name).is_symlink():
+            (bin_dir / name).symlink_to(tool)
+    if nvidia_runtime:
+        (vm / "nvidia-runtime").touch()
+    return vm
+
+
+def write_files(user_data: str) -> None:
+    """What cloud-init's write_files does."""
     for path, entry in files(user_data).items():
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(entry["content"])
         target.chmod(int(entry["permissions"], 8))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    docker = bin_dir / "docker"
-    docker.write_text(FAKE_DOCKER.format(python=sys.executable))
-    docker.chmod(0o755)
-    out = tmp_path / "docker-run.json"
+
+
+def deliver_key(state_dir: str, passphrase: str = PASSPHRASE) -> None:
+    """What the agent does over SSH once the VM waits for it."""
+    keys = Path(state_dir, "keys")
+    keys.mkdir(mode=0o700, exist_ok=True)
+    Path(keys, "env.pass").write_text(passphrase + "\n")
+
+
+def boot(
+    tmp_path: Path, user_data: str, vm: Path, *, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start run.sh as systemd would (the caller waits for it)."""
     runcmd = document(user_data)["runcmd"][0]
     assert runcmd[:2] == ["systemd-run", f"--unit={UNIT_NAME}"]
-    script = runcmd[-1]
-    env = {
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "FAKE_DOCKER_OUT": str(out),
-        "FAKE_DOCKER_EXIT": str(exit_code),
+    environment = {
+        "PATH": f"{vm / 'bin'}:{os.environ['PATH']}",
+        "FAKE_DOCKER_OUT": str(tmp_path / "docker-run.json"),
+        "FAKE_VM": str(vm),
+        "VK_DOCKER_DAEMON_JSON": str(vm / "daemon.json"),
+        **(env or {}),
     }
-    result = subprocess.run(
-        ["/bin/bash", script], env=env, capture_output=True, timeout=30, check=False
+    return subprocess.Popen(
+        ["/bin/bash", runcmd[-1]],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
-    assert result.returncode == 0, result.stderr.decode()
+
+
+def run_on_fake_vm(
+    tmp_path: Path,
+    user_data: str,
+    *,
+    exit_code: int = 0,
+    nvidia_runtime: bool = True,
+    env: dict[str, str] | None = None,
+    deliver: bool = True,
+) -> dict[str, Any]:
+    """Do what cloud-init, systemd and the agent would, with a fake docker; return what docker
+    got (its argv, the --env values and the --env-file contents)."""
+    write_files(user_data)
+    state_dir = str(Path(document(user_data)["runcmd"][0][-1]).parent)
+    if deliver and any(p.endswith(".sealed") for p in files(user_data)):
+        deliver_key(state_dir)
+    vm = fake_vm(tmp_path, nvidia_runtime=nvidia_runtime)
+    (tmp_path / "docker-run.json").unlink(missing_ok=True)
+    process = boot(tmp_path, user_data, vm, env={"FAKE_DOCKER_EXIT": str(exit_code), **(env or {})})
+    try:
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait()
+    assert process.returncode == 0, stderr.decode()
+    out = tmp_path / "docker-run.json"
+    if not out.exists():
+        return {"phase": Path(state_dir, "phase").read_text()}
     recorded: dict[str, Any] = json.loads(out.read_text())
+    recorded["phase"] = Path(state_dir, "phase").read_text()
     return recorded
+
+
+def received_env(got: dict[str, Any]) -> dict[str, str]:
+    """Every variable docker was given, from its env-files and by name."""
+    received: dict[str, str] = {}
+    for content in got["env_files"].values():
+        received.update({k: v for k, v in parse_env_file(content).items() if v is not None})
+    received.update({k: v for k, v in got["env"].items() if v is not None})
+    return received
 
 
 @pytest.fixture
@@ -220,22 +332,26 @@ def test_container_name_is_the_request_id_in_dockers_alphabet() -> None:
     assert container_name(make_spec(pod_uid="a/b c", attempt=0)) == "vk-a-b-c.0"
 
 
-def test_hostile_strings_reach_docker_unchanged(tmp_path: Path, state_dir: str) -> None:
+@pytest.mark.parametrize("secret", [False, True])
+def test_hostile_strings_reach_docker_unchanged(
+    tmp_path: Path, state_dir: str, secret: bool
+) -> None:
     spec = make_spec(
         image="registry.example/img:1",
         command=("/bin/sh", "-c", *HOSTILE),
         args=HOSTILE,
         working_dir="/it's here",
-        env=tuple(EnvVar(f"V{i}", value) for i, value in enumerate(HOSTILE)),
+        env=tuple(EnvVar(f"V{i}", value, secret) for i, value in enumerate(HOSTILE)),
     )
-    user_data = build_user_data(spec, gpus=True, state_dir=state_dir)
+    user_data = build_user_data(spec, gpus=True, state_dir=state_dir, secret_passphrase=PASSPHRASE)
     got = run_on_fake_vm(tmp_path, user_data)
     env_file = f"{state_dir}/{ENV_FILE}"
-    assert got["argv"] == docker_run_argv(spec, gpus=True, env_file=env_file)[1:]
-    # Every value arrives: single-line ones through the env-file, the rest by name.
-    from_file = parse_env_file(Path(env_file).read_text())
-    received = {**{k: v for k, v in from_file.items() if v is not None}, **got["env"]}
-    assert received == {f"V{i}": value for i, value in enumerate(HOSTILE)}
+    secret_file = f"{state_dir}/{SECRET_ENV_FILE}" if secret else None
+    expected = docker_run_argv(spec, gpus=True, env_file=env_file, secret_env_file=secret_file)
+    assert got["argv"] == expected[1:]
+    # Every value arrives: single-line ones through an env-file, the rest by name.
+    assert received_env(got) == {f"V{i}": value for i, value in enumerate(HOSTILE)}
+    assert got["phase"].startswith("running ") or got["phase"].startswith("exited ")
 
 
 def test_exit_code_is_recorded(tmp_path: Path, state_dir: str) -> None:
@@ -245,27 +361,55 @@ def test_exit_code_is_recorded(tmp_path: Path, state_dir: str) -> None:
     assert Path(state_dir, "finished-at").read_text().strip().endswith("Z")
 
 
-def test_secrets_are_on_no_command_line(tmp_path: Path, state_dir: str) -> None:
+def test_secrets_are_sealed_and_on_no_command_line(tmp_path: Path, state_dir: str) -> None:
     secret = 's3cr3t-\'$(value)-"x"'
-    multi = "-----BEGIN KEY-----\nabc\n-----END KEY-----"
-    spec = make_spec(env=(EnvVar("TOKEN", secret, secret=True), EnvVar("PEM", multi, True)))
-    user_data = build_user_data(spec, gpus=True, state_dir=state_dir)
+    multi = "-----BEGIN KEY-----\nabc-line-of-the-key\n-----END KEY-----"
+    spec = make_spec(
+        env=(
+            EnvVar("TOKEN", secret, secret=True),
+            EnvVar("PEM", multi, True),
+            EnvVar("PLAIN", "visible"),
+        )
+    )
+    user_data = build_user_data(spec, gpus=True, state_dir=state_dir, secret_passphrase=PASSPHRASE)
+    # No form of a secret value anywhere in the document, nor the passphrase.
+    for value in (secret, multi, PASSPHRASE):
+        assert not canary.leaks(user_data, [value]), value
+        assert base64.b64encode(value.encode()).decode() not in user_data
     written = files(user_data)
-    script = written[f"{state_dir}/{RUN_SCRIPT}"]["content"]
-    for value in (secret, multi, "abc"):
-        assert value not in script
-        assert value not in json.dumps(document(user_data)["runcmd"])
-    # Only in the owner-only files.
-    assert written[f"{state_dir}/{ENV_FILE}"]["permissions"] == "0600"
-    assert written[f"{state_dir}/{SHELL_ENV_FILE}"]["permissions"] == "0600"
+    for name in (SECRET_ENV_FILE, SECRET_SHELL_ENV_FILE):
+        entry = written[f"{state_dir}/{name}.sealed"]
+        assert entry["permissions"] == "0600"
+        assert sealed_env.unseal(base64.b64decode(entry["content"]), PASSPHRASE)
+    assert parse_env_file(written[f"{state_dir}/{ENV_FILE}"]["content"]) == {"PLAIN": "visible"}
     got = run_on_fake_vm(tmp_path, user_data)
     for value in (secret, multi):
         assert all(value not in arg for arg in got["argv"])  # docker's real argv
     assert "--env" in got["argv"] and "PEM" in got["argv"]
     assert got["env"] == {"PEM": multi}
-    assert parse_env_file(Path(state_dir, ENV_FILE).read_text()) == {"TOKEN": secret}
-    for name in (ENV_FILE, SHELL_ENV_FILE):
-        assert stat.S_IMODE(Path(state_dir, name).stat().st_mode) == 0o600
+    assert parse_env_file(got["env_files"][f"{state_dir}/{SECRET_ENV_FILE}"]) == {"TOKEN": secret}
+    # Once docker has them, the opened files and the passphrase are gone from the VM.
+    for name in (SECRET_ENV_FILE, SECRET_SHELL_ENV_FILE, "keys/env.pass"):
+        assert not Path(state_dir, name).exists(), name
+    assert stat.S_IMODE(Path(state_dir, ENV_FILE).stat().st_mode) == 0o600
+
+
+def test_secrets_need_a_passphrase() -> None:
+    with pytest.raises(ValueError, match="passphrase"):
+        build_user_data(make_spec(env=(EnvVar("T", "x", True),)), gpus=False)
+
+
+def test_a_secret_overridden_by_a_plain_value_is_plain_and_vice_versa() -> None:
+    spec = make_spec(
+        env=(EnvVar("A", "s1", True), EnvVar("A", "p1"), EnvVar("B", "p2"), EnvVar("B", "s2", True))
+    )
+    user_data = build_user_data(spec, gpus=False, secret_passphrase=PASSPHRASE)
+    written = files(user_data)
+    assert parse_env_file(written[f"{STATE_DIR}/{ENV_FILE}"]["content"]) == {"A": "p1"}
+    sealed = written[f"{STATE_DIR}/{SECRET_ENV_FILE}.sealed"]["content"]
+    opened = sealed_env.unseal(base64.b64decode(sealed), PASSPHRASE).decode()
+    assert parse_env_file(opened) == {"B": "s2"}
+    assert "s1" not in user_data and "s2" not in user_data
 
 
 def test_last_definition_of_a_variable_wins() -> None:
@@ -303,7 +447,7 @@ def test_what_cannot_be_expressed_is_invalid_spec(overrides: dict[str, Any], fie
 def test_values_too_long_for_an_env_file_line_are_exported(tmp_path: Path, state_dir: str) -> None:
     long = "z" * 70_000  # Docker's env-file lines end at 64 KiB
     spec = make_spec(env=(EnvVar("LONG", long, True), EnvVar("SHORT", "s")))
-    user_data = build_user_data(spec, gpus=False, state_dir=state_dir)
+    user_data = build_user_data(spec, gpus=False, state_dir=state_dir, secret_passphrase=PASSPHRASE)
     got = run_on_fake_vm(tmp_path, user_data)
     assert got["env"] == {"LONG": long}
     assert parse_env_file(Path(state_dir, ENV_FILE).read_text()) == {"SHORT": "s"}
@@ -334,7 +478,7 @@ def test_dotted_names_with_single_line_values_are_fine() -> None:
 )
 def test_size_limit_names_the_field(overrides: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidSpec) as raised:
-        build_user_data(make_spec(**overrides), gpus=True)
+        build_user_data(make_spec(**overrides), gpus=True, secret_passphrase=PASSPHRASE)
     assert raised.value.field == field
     assert str(MAX_USER_DATA_BYTES) in str(raised.value)
     assert "xxxxxxxx" not in str(raised.value)
@@ -360,21 +504,20 @@ def test_any_text_round_trips_through_yaml_and_shell(
 ) -> None:
     state_dir = str(tmp_path / "state")
     spec = make_spec(args=tuple(args), env=(EnvVar("VALUE", value, True),))
-    user_data = build_user_data(spec, gpus=False, state_dir=state_dir)
+    user_data = build_user_data(spec, gpus=False, state_dir=state_dir, secret_passphrase=PASSPHRASE)
     got = run_on_fake_vm(tmp_path, user_data)
     env_file = f"{state_dir}/{ENV_FILE}"
-    assert got["argv"] == docker_run_argv(spec, gpus=False, env_file=env_file)[1:]
-    if "VALUE" in got["env"]:
-        assert got["env"]["VALUE"] == value
-    else:
-        assert parse_env_file(Path(env_file).read_text())["VALUE"] == value
+    secret_file = f"{state_dir}/{SECRET_ENV_FILE}" if "VALUE" not in got["env"] else None
+    expected = docker_run_argv(spec, gpus=False, env_file=env_file, secret_env_file=secret_file)
+    assert got["argv"] == expected[1:]
+    assert received_env(got)["VALUE"] == value
 
 
 @settings(max_examples=150, deadline=None)
 @given(args=st.lists(_TEXT, max_size=4), value=_TEXT)
 def test_yaml_keeps_every_character(args: list[str], value: str) -> None:
     """What cloud-init's yaml.safe_load reads is exactly what was meant (no shell: fast)."""
-    spec = make_spec(args=tuple(args), env=(EnvVar("VALUE", value, True),))
+    spec = make_spec(args=tuple(args), env=(EnvVar("VALUE", value),))
     written = files(build_user_data(spec, gpus=False))
     script = written[f"{STATE_DIR}/{RUN_SCRIPT}"]["content"]
     for arg in args:
@@ -384,3 +527,127 @@ def test_yaml_keeps_every_character(args: list[str], value: str) -> None:
         assert f"export VALUE={shlex.quote(value)}\n" in exported["content"]
     else:
         assert f"\nVALUE={value}\n" in written[f"{STATE_DIR}/{ENV_FILE}"]["content"]
+
+
+# --- the boot script's phases -------------------------------------------------------------
+
+
+def phase_of(state_dir: str) -> str:
+    path = Path(state_dir, "phase")
+    return path.read_text() if path.exists() else ""
+
+
+def test_host_key_and_people_keys_go_to_cloud_init() -> None:
+    key = HostKey(
+        private_openssh="-----BEGIN OPENSSH PRIVATE KEY-----\nx\n", public="ssh-ed25519 A"
+    )
+    user_data = build_user_data(
+        make_spec(), gpus=False, host_key=key, authorized_keys=["ssh-ed25519 B ops@laptop"]
+    )
+    loaded = document(user_data)
+    assert loaded["ssh_keys"] == {
+        "ed25519_private": key.private_openssh,
+        "ed25519_public": "ssh-ed25519 A",
+    }
+    assert loaded["ssh_authorized_keys"] == ["ssh-ed25519 B ops@laptop"]
+    assert "x\n" not in repr(key)
+
+
+def test_the_container_is_detached_kept_and_waited_for(tmp_path: Path, state_dir: str) -> None:
+    spec = make_spec()
+    got = run_on_fake_vm(tmp_path, build_user_data(spec, gpus=True, state_dir=state_dir))
+    assert "--rm" not in got["argv"]
+    assert got["argv"][got["argv"].index("--restart") + 1] == "no"
+    assert "--detach" in got["argv"]
+    assert got["phase"] == "exited the container exited with 0\n"
+    calls = (tmp_path / "vm" / "calls").read_text()
+    assert "nvidia-smi -L" in calls
+    assert "apt-get" not in calls  # the runtime is there: nothing installed
+
+
+def test_a_missing_nvidia_runtime_is_installed_and_configured(
+    tmp_path: Path, state_dir: str
+) -> None:
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    (vm / "daemon.json").write_text('{"exec-opts": ["native.cgroupdriver=systemd"], "x": 1}')
+    got = run_on_fake_vm(
+        tmp_path, build_user_data(make_spec(), gpus=True, state_dir=state_dir), nvidia_runtime=False
+    )
+    calls = (vm / "calls").read_text().splitlines()
+    installs = [c for c in calls if c.startswith("apt-get") and "install" in c]
+    assert installs and "nvidia-container-toolkit" in installs[0]
+    configure = f"nvidia-ctk runtime configure --runtime=docker --config={vm / 'daemon.json'}"
+    assert configure in calls
+    assert calls.index(configure) < calls.index("systemctl restart docker")
+    assert json.loads((vm / "daemon.json").read_text()) == {
+        "exec-opts": ["native.cgroupdriver=cgroupfs"],
+        "x": 1,
+    }
+    assert "--gpus" in got["argv"]
+
+
+@pytest.mark.parametrize(
+    ("broken", "message"),
+    [
+        ("nvidia-smi", "no NVIDIA GPU is usable"),
+        ("apt-get", "the NVIDIA container toolkit could not be installed"),
+    ],
+)
+def test_a_vm_that_cannot_run_gpu_containers_says_so(
+    tmp_path: Path, state_dir: str, broken: str, message: str
+) -> None:
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    (vm / f"fail-{broken}").touch()
+    got = run_on_fake_vm(
+        tmp_path, build_user_data(make_spec(), gpus=True, state_dir=state_dir), nvidia_runtime=False
+    )
+    assert got["phase"].startswith(f"failed-host {message}"), got["phase"]
+    assert "argv" not in got  # docker run never ran
+
+
+def test_cpu_pods_skip_the_gpu_checks(tmp_path: Path, state_dir: str) -> None:
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    (vm / "fail-nvidia-smi").touch()
+    got = run_on_fake_vm(tmp_path, build_user_data(make_spec(), gpus=False, state_dir=state_dir))
+    assert got["phase"].startswith("exited ")
+
+
+def test_a_failed_docker_run_records_its_code_and_error(tmp_path: Path, state_dir: str) -> None:
+    user_data = build_user_data(make_spec(), gpus=False, state_dir=state_dir)
+    got = run_on_fake_vm(tmp_path, user_data, env={"FAKE_DOCKER_RUN_EXIT": "125"})
+    assert got["phase"] == "failed-start docker run exited with 125\n"
+    assert Path(state_dir, "exit-code").read_text() == "125\n"
+    assert "pull access denied" in Path(state_dir, "start-error").read_text()
+
+
+def test_the_boot_waits_for_the_key_then_opens_the_secrets(tmp_path: Path, state_dir: str) -> None:
+    spec = make_spec(env=(EnvVar("TOKEN", "s3cr3t", True),))
+    user_data = build_user_data(spec, gpus=False, state_dir=state_dir, secret_passphrase=PASSPHRASE)
+    write_files(user_data)
+    process = boot(tmp_path, user_data, fake_vm(tmp_path))
+    try:
+        wait_until(
+            lambda: phase_of(state_dir).startswith("waiting-key "), what="the key to be awaited"
+        )
+        assert process.poll() is None
+        deliver_key(state_dir)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, 9)
+            process.wait()
+    got = json.loads((tmp_path / "docker-run.json").read_text())
+    assert received_env(got) == {"TOKEN": "s3cr3t"}
+
+
+def test_a_wrong_key_is_a_host_failure(tmp_path: Path, state_dir: str) -> None:
+    spec = make_spec(env=(EnvVar("TOKEN", "s3cr3t", True),))
+    user_data = build_user_data(spec, gpus=False, state_dir=state_dir, secret_passphrase=PASSPHRASE)
+    write_files(user_data)
+    deliver_key(state_dir, "00" * 32)  # the agent's key changed since the launch
+    got = run_on_fake_vm(tmp_path, user_data, deliver=False)
+    assert got["phase"].startswith("failed-host the secret environment could not be opened")
+    assert "argv" not in got

@@ -41,6 +41,7 @@ from tests.contract.harness_lambda import (
     FakeLambda,
     OpenAPIRequest,
     error_body,
+    lines,
     make_config,
     make_provider,
     openapi,
@@ -268,7 +269,7 @@ async def test_launch_request_matches_the_spec_and_carries_our_tags(
     assert body["firewall_rulesets"] == [{"id": "fw1"}, {"id": "fw2"}]
     assert body["user_data"].startswith("#cloud-config\n")
     assert "--gpus all" in body["user_data"]
-    assert "hunter2" in body["user_data"]  # in the 0600 env file, see test_cloud_init
+    assert "hunter2" not in body["user_data"]  # sealed, see test_no_secret_in_any_form...
     assert instance.state is InstanceState.PENDING
     assert instance.instance_id in fake.instances
     assert (instance.pod_uid, instance.attempt) == (UID, 3)
@@ -458,13 +459,17 @@ async def test_launch_errors_land_in_their_class(
     assert len(fake.calls("launch")) == 1
 
 
-async def test_an_unknown_ssh_key_is_capacity_with_a_clear_message(
+async def test_a_key_deleted_after_registration_is_capacity_then_registered_again(
     fake: FakeLambda, provider: LambdaCloudProvider
 ) -> None:
     offer = await a10(provider)
-    fake.ssh_keys.clear()
+    await provider.create(make_spec(), offer)
+    fake.ssh_keys.clear()  # someone deletes the agent's key in the console
     with pytest.raises(CapacityUnavailable, match="SSH key 'vk-test-key' does not exist"):
-        await provider.create(make_spec(), offer)
+        await provider.create(make_spec(attempt=1), offer)
+    await provider.create(make_spec(attempt=1), offer)
+    assert len(fake.calls("add-ssh-key")) == 2
+    assert "vk-test-key" in fake.ssh_keys
 
 
 async def test_429_with_retry_after_waits_that_long_then_succeeds(
@@ -550,11 +555,11 @@ class FlakyTransport(httpx.AsyncBaseTransport):
 def flaky_provider(
     fake: FakeLambda, clock: FakeClock, key_file: Path, transport: FlakyTransport
 ) -> LambdaCloudProvider:
-    return LambdaCloudProvider(
-        make_config(key_file),
+    return make_provider(
+        fake,
+        clock,
+        key_file,
         transport=transport,
-        clock=clock,
-        sleep=clock.sleep,
         retry=RetryPolicy(
             attempts=3, backoff_seconds=0.5, max_backoff_seconds=2.0, max_retry_after_seconds=30.0
         ),
@@ -803,11 +808,30 @@ async def test_delete_failures_are_errors(fake: FakeLambda, provider: LambdaClou
         await provider.delete("abc", grace_seconds=0)
 
 
-async def test_there_are_no_logs(provider: LambdaCloudProvider) -> None:
-    assert provider.capabilities.logs is False
-    with pytest.raises(NotFound, match="no logs API"):
-        async for _ in provider.logs("abc", LogOptions()):
-            pass
+async def test_logs_come_from_the_vm(fake: FakeLambda, provider: LambdaCloudProvider) -> None:
+    capabilities = provider.capabilities
+    assert (capabilities.logs, capabilities.follow_logs, capabilities.log_timestamps) == (
+        True,
+        True,
+        True,
+    )
+    instance_id = fake.add_instance(tags=ours(), status="active")
+    fake.vms.log_lines[instance_id] = list(lines("one", "two", "three"))
+    options = LogOptions(tail_lines=5, follow=True, timestamps=True, limit_bytes=6)
+    got = [chunk async for chunk in provider.logs(instance_id, options)]
+    assert got == [b"one\n", b"tw"]  # cut at limit_bytes
+    assert fake.vms.log_options == [options]  # tail, follow, timestamps: docker logs' own
+
+
+async def test_logs_of_a_booting_or_unknown_vm_are_not_found(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    booting = fake.add_instance(tags=ours(), status="booting")
+    for instance_id in (booting, "nope", ""):
+        with pytest.raises(NotFound):
+            async for _ in provider.logs(instance_id, LogOptions()):
+                pass
+    assert fake.vms.log_options == []
 
 
 async def test_is_a_provider(provider: LambdaCloudProvider) -> None:
@@ -955,11 +979,11 @@ async def test_no_canary_leaks_from_any_error_path(
     }[operation]
     answer = _canary_failures()[failure]
     transport = FlakyTransport(fake.transport, only=None)
-    adapter = LambdaCloudProvider(
-        make_config(key_file),
+    adapter = make_provider(
+        fake,
+        clock,
+        key_file,
         transport=transport,
-        clock=clock,
-        sleep=clock.sleep,
         retry=RetryPolicy(attempts=2, backoff_seconds=0.5, max_backoff_seconds=2.0),
     )
     instance_id = fake.add_instance(tags=ours(attempt=7))

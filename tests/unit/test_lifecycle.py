@@ -7,11 +7,13 @@ file (not read from the table), so a changed edge fails its own row.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from vk_provider.domain.containers import ContainerState, ContainerStatus
 from vk_provider.domain.lifecycle import (
     MISSING,
     NOT_PLACED,
@@ -189,6 +191,18 @@ def test_restart_policy_decides_what_an_exit_means(
     exited = instance(InstanceState.EXITED, exit_code=code, finished_ago=3600)
     decision = decide(pod(policy=policy), Sighting.of(exited), now=NOW)
     assert decision.condition is expected
+
+
+@pytest.mark.parametrize("policy", ["Always", "OnFailure", "Never"])
+@pytest.mark.parametrize("code", [0, 1])
+def test_a_whole_pod_that_exited_has_ended_whatever_the_policy(policy: str, code: int) -> None:
+    # Its provider restarts containers itself: EXITED means the pod is done, never a relaunch.
+    running = ContainerStatus("main", ContainerState.TERMINATED, exit_code=code)
+    exited = replace(
+        instance(InstanceState.EXITED, exit_code=code, finished_ago=3600), containers=(running,)
+    )
+    decision = decide(pod(policy=policy), Sighting.of(exited), now=NOW)
+    assert (decision.condition, decision.step) == (Condition.EXITED_FINAL, Step.COMPLETE)
 
 
 def test_crash_loop_back_off_doubles_per_restart_and_caps_at_five_minutes() -> None:

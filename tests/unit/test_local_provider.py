@@ -80,6 +80,7 @@ def make_spec(
     attempt: int = 0,
     env: tuple[EnvVar, ...] = (),
     working_dir: str | None = None,
+    restart_policy: str = "Never",
 ) -> WorkloadSpec:
     return WorkloadSpec(
         pod_uid=uid,
@@ -92,6 +93,7 @@ def make_spec(
         env=env,
         working_dir=working_dir,
         attempt=attempt,
+        restart_policy=restart_policy,
     )
 
 
@@ -248,6 +250,7 @@ async def test_args_alone_name_the_program(provider: LocalProvider) -> None:
         container_name="main",
         image="x",
         args=(PY, "-c", "print('from args')"),
+        restart_policy="Never",
     )
     created = await provider.create(spec, await offer(provider))
     await wait_state(provider, created.instance_id, InstanceState.EXITED)
@@ -291,6 +294,7 @@ async def test_a_missing_program_exits_127(provider: LocalProvider) -> None:
         container_name="c",
         image="x",
         command=("/nonexistent/program",),
+        restart_policy="Never",
     )
     created = await provider.create(spec, await offer(provider))
     exited = await wait_state(provider, created.instance_id, InstanceState.EXITED)
@@ -320,8 +324,13 @@ async def test_the_program_gets_spec_env_and_a_minimal_base(
     await wait_state(provider, created.instance_id, InstanceState.EXITED)
     lines = await collect(provider.logs(created.instance_id, LogOptions()))
     assert lines == [f"hi there s3cret None True {tmp_path}\n".encode()]
-    # The environment file held the secret; the runner removes it once read.
-    assert not (provider.state_dir / created.instance_id / "env.json").exists()
+    # The environment file holds the secret (kubectl exec gets the container's environment):
+    # readable by the agent's user only, and gone with the instance.
+    env_file = provider.state_dir / created.instance_id / "containers" / "main" / "env.json"
+    assert json.loads(env_file.read_text())["TOKEN"] == "s3cret"
+    assert env_file.stat().st_mode & 0o077 == 0
+    await provider.delete(created.instance_id, grace_seconds=0)
+    assert not env_file.exists()
 
 
 # --- logs ---------------------------------------------------------------------------------

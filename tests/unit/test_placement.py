@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import pytest
@@ -21,13 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vk_provider.domain.budget import BudgetView
-from vk_provider.domain.models import Offer, WorkloadSpec
+from vk_provider.domain.models import Capabilities, Offer, WorkloadSpec
 from vk_provider.domain.placement import (
     FILTERS,
     CapacityType,
     Placement,
     PlacementPolicy,
     PlacementRequest,
+    PodShape,
     ProviderHealth,
     gpu_matches,
     place,
@@ -112,6 +113,27 @@ def requests() -> st.SearchStrategy[PlacementRequest]:
             (CapacityType.ANY, CapacityType.ANY, CapacityType.ON_DEMAND, CapacityType.SPOT)
         ),
         providers=mostly((), some(PROVIDER_NAMES)),
+        shape=mostly(PodShape(), SHAPES),
+    )
+
+
+SHAPES = st.builds(
+    PodShape,
+    app_containers=st.integers(1, 3),
+    init_containers=st.integers(0, 2),
+    sidecars=st.integers(0, 2),
+)
+
+
+def capability_maps() -> st.SearchStrategy[dict[str, Capabilities]]:
+    return st.dictionaries(
+        st.sampled_from(PROVIDER_NAMES),
+        st.builds(
+            Capabilities,
+            multi_container=st.booleans(),
+            init_containers=st.booleans(),
+            sidecars=st.booleans(),
+        ),
     )
 
 
@@ -151,6 +173,7 @@ class Scenario:
     budget: BudgetView | None
     priorities: dict[str, int]
     policy: PlacementPolicy
+    capabilities: dict[str, Capabilities] = field(default_factory=dict)
 
     def run(self, offers: Sequence[Offer] | None = None) -> Placement:
         return place(
@@ -161,6 +184,7 @@ class Scenario:
             budget=self.budget,
             priorities=self.priorities,
             policy=self.policy,
+            capabilities=self.capabilities,
         )
 
 
@@ -171,6 +195,7 @@ REQUESTS = st.just(PlacementRequest(gpu_count=1, capacity_type=CapacityType.ANY)
 HEALTH_MAPS = health_maps()
 BUDGET_VIEWS = budget_views()
 POLICIES = policies()
+CAPABILITY_MAPS = capability_maps()
 PRIORITIES = st.dictionaries(st.sampled_from(PROVIDER_NAMES), st.integers(-2, 2))
 PICKS = st.lists(st.integers(0, 63), max_size=4)
 
@@ -189,6 +214,7 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         budget=draw(BUDGET_VIEWS),
         priorities=draw(PRIORITIES),
         policy=draw(POLICIES),
+        capabilities=draw(CAPABILITY_MAPS),
     )
 
 
@@ -222,8 +248,25 @@ def checks(s: Scenario) -> dict[str, Callable[[Offer], bool]]:
             return not o.spot
         return True
 
+    def shape_ok(o: Offer) -> bool:
+        # One app container and nothing else runs anywhere; anything more needs a provider
+        # that declares each kind it has (several apps, init containers, sidecars).
+        shape = r.shape
+        if shape.app_containers == 1 and shape.init_containers == 0 and shape.sidecars == 0:
+            return True
+        caps = s.capabilities.get(o.provider)
+        if caps is None:
+            return False
+        needs = [
+            (shape.app_containers > 1, caps.multi_container),
+            (shape.init_containers > 0, caps.init_containers),
+            (shape.sidecars > 0, caps.sidecars),
+        ]
+        return all(has for needed, has in needs if needed)
+
     return {
         "provider": lambda o: r.providers == () or o.provider in r.providers,
+        "shape": shape_ok,
         "gpu-count": lambda o: o.gpu_count == 0 if r.gpu_count == 0 else o.gpu_count >= r.gpu_count,
         "gpu-model": lambda o: (
             r.gpu_models == () or any(family_match(m, o.gpu_model) for m in r.gpu_models)
@@ -336,6 +379,15 @@ def test_removed_counts_account_for_every_offer(s: Scenario) -> None:
         if name is not None:
             expected[name] += 1
     assert dict(result.removed) == expected
+
+
+@SETTINGS
+@given(scenarios())
+def test_unable_names_the_providers_whose_offers_the_shape_filter_removed(s: Scenario) -> None:
+    result = s.run()
+    expected = {o.provider for o in s.offers if first_failing(s, o) == "shape"}
+    assert set(result.unable) == expected
+    assert list(result.unable) == sorted(result.unable)
 
 
 @SETTINGS

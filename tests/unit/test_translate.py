@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.env import ObjectRefs, references
 from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
 from vk_provider.domain.podspec import InvalidPodSpec
@@ -185,6 +186,20 @@ def test_a_full_pod_translates_to_the_workload_spec() -> None:
         memory_bytes=60 * 2**30,
         labels=(("app", "train"), ("team", "ml")),
         attempt=3,
+        containers=(
+            ContainerSpec(
+                name="main",
+                image="ghcr.io/acme/train:1",
+                command=("python", "-m", "train"),
+                args=("--epochs", "3"),
+                env=(EnvVar("MODE", "fast"),),
+                ports=(Port(8080, "TCP", "http"), Port(5353, "UDP", None)),
+                working_dir="/workspace",
+                cpu=7.5,
+                memory_bytes=60 * 2**30,
+                gpu_count=2,
+            ),
+        ),
     )
     assert workload.request_id == "3f1c2b9a-0000-4000-8000-000000000001.3"
 
@@ -218,19 +233,29 @@ def test_translation_does_not_change_its_inputs() -> None:
     [
         pytest.param({"containers": []}, {}, "spec.containers", id="no-container"),
         pytest.param(
-            {"containers": [{"name": "a", "image": "x"}, {"name": "b", "image": "y"}]},
+            {"containers": [{"name": "a", "image": "x"}, {"name": "a", "image": "y"}]},
             {},
             "spec.containers",
-            id="two-containers",
+            id="two-containers-one-name",
+        ),
+        pytest.param({"restartPolicy": "Sometimes"}, {}, "spec.restartPolicy", id="restartPolicy"),
+        pytest.param(
+            {}, {"restartPolicy": "Always"}, f"{C0}.restartPolicy", id="app-restartPolicy"
         ),
         pytest.param({"hostNetwork": True}, {}, "spec.hostNetwork", id="hostNetwork"),
         pytest.param({"hostPID": True}, {}, "spec.hostPID", id="hostPID"),
         pytest.param({"hostIPC": True}, {}, "spec.hostIPC", id="hostIPC"),
         pytest.param(
-            {"initContainers": [{"name": "init", "image": "busybox"}]},
+            {"initContainers": [{"name": "init", "image": "busybox", "restartPolicy": "Never"}]},
             {},
-            "spec.initContainers",
-            id="initContainers",
+            "spec.initContainers[0].restartPolicy",
+            id="init-restartPolicy-Never",
+        ),
+        pytest.param(
+            {"initContainers": [{"name": "init"}]},
+            {},
+            "spec.initContainers[0].image",
+            id="init-without-image",
         ),
         pytest.param(
             {"ephemeralContainers": [{"name": "debug", "image": "busybox"}]},

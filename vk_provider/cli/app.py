@@ -178,6 +178,7 @@ def _setup_logging(level: str) -> None:
     )
     # aiohttp's access log would show request lines; ours carry no secrets but stay quiet.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one INFO line per SSH channel
 
 
 @app.command("run")

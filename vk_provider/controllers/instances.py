@@ -22,6 +22,12 @@ from vk_provider.domain.models import Instance
 log = logging.getLogger(__name__)
 
 
+def _signature(instance: Instance) -> tuple[object, ...]:
+    """What, when it changes, makes the pod's status worth rewriting (a whole pod's
+    containers included: a restart, an init container completing)."""
+    return (instance.state, instance.exit_code, instance.containers, instance.init_containers)
+
+
 class InstanceTracker:
     def __init__(
         self,
@@ -76,8 +82,7 @@ class InstanceTracker:
         changed = {
             i.pod_uid
             for key, i in after.items()
-            if key not in before
-            or (before[key].state, before[key].exit_code) != (i.state, i.exit_code)
+            if key not in before or _signature(before[key]) != _signature(i)
         }
         changed |= {i.pod_uid for key, i in before.items() if key not in after}
         for uid in changed:

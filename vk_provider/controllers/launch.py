@@ -83,6 +83,8 @@ class Launcher:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._providers = dict(providers)
+        # Read once: which providers can run pods of more than one container.
+        self.capabilities = {name: p.capabilities for name, p in self._providers.items()}
         self.ledger = ledger
         self._settings = settings
         self._health = health
@@ -136,6 +138,7 @@ class Launcher:
             budget=self.ledger.view(namespace, excluding=uid),
             priorities=self._priorities,
             policy=self._settings.policy,
+            capabilities=self.capabilities,
         )
 
     async def launch(

@@ -30,13 +30,13 @@ from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.env import references
 from vk_provider.domain.errors import ProviderError
-from vk_provider.domain.models import Instance, WorkloadSpec
+from vk_provider.domain.models import Instance
 from vk_provider.domain.placement import PlacementRequest
 from vk_provider.domain.podspec import InvalidPodSpec
 from vk_provider.domain.podstatus import container_view, terminated_of, waiting_view
 from vk_provider.domain.podview import JSON, PodKey, PodView, Waiting
 from vk_provider.domain.reconcile import choose_adoptee
-from vk_provider.domain.workload import to_request
+from vk_provider.domain.workload import Translation, to_request
 from vk_provider.kube.client import KubeClient
 from vk_provider.settings.agent import IntervalsConfig
 
@@ -55,6 +55,7 @@ class PodMemory:
     adopt: Instance | None = None  # reconciliation's choice among the pod's unclaimed instances
     prefer: str | None = None  # offer to try first after a 429 / 5xx
     waiting: bool = False  # unplaceable: kicked when room appears
+    explanation: str = ""  # why it was placed where it is (kept on the pod)
 
 
 class Placer:
@@ -93,7 +94,7 @@ class Placer:
         """A first launch (``previous`` None) or a relaunch after ``previous`` exited."""
         key = pod.key
         try:
-            spec, request = await self._translate(pod, attempt)
+            translation = await self._translate(pod, attempt)
         except InvalidPodSpec as exc:
             if exc.retryable:  # a referenced Secret or ConfigMap may still appear
                 await self._write.event(
@@ -104,6 +105,21 @@ class Placer:
                 return
             await self.invalid(pod, exc.field, str(exc))
             return
+        spec, request = translation.spec, translation.request
+        if translation.skipped:
+            await self._write.event(pod, explain.optional_references_missing(translation.skipped))
+        if not request.shape.single:
+            allowed = [
+                name
+                for name in self._launcher.capabilities
+                if not request.providers or name in request.providers
+            ]
+            if allowed and not any(
+                request.shape.runs_on(self._launcher.capabilities[name]) for name in allowed
+            ):
+                event = explain.shape_unsupported(request, allowed)
+                await self.invalid(pod, request.shape.field, event.message)
+                return
         if previous is None and await self._adopt_existing(pod, memory):
             return
         offers = await self._offers.offers()
@@ -124,9 +140,14 @@ class Placer:
             if previous is None or previous.offer_key != result.offer.key:
                 refused = [(a.offer, a.error) for a in result.attempts]
                 selected = explain.provider_selected(
-                    result.offer, result.placement, refused, offers_seen=len(offers)
+                    result.offer,
+                    result.placement,
+                    refused,
+                    offers_seen=len(offers),
+                    shape=request.shape.describe(),
                 )
                 await self._write.event(pod, selected)
+                memory.explanation = selected.message
             await self._placed(pod, memory, result, previous)
         elif result.invalid is not None:
             await self.invalid(pod, result.invalid.field, str(result.invalid))
@@ -149,7 +170,7 @@ class Placer:
             pod, view, phase=phase, reason=explain.INVALID_SPEC, message=event.message
         )
 
-    async def _translate(self, pod: PodView, attempt: int) -> tuple[WorkloadSpec, PlacementRequest]:
+    async def _translate(self, pod: PodView, attempt: int) -> Translation:
         refs = references(pod.raw)
         secrets: dict[str, JSON] = {}
         config_maps: dict[str, JSON] = {}
@@ -196,6 +217,7 @@ class Placer:
         if chosen is None:
             return False
         log.info("adopting instance %s of pod %s/%s", chosen.instance_id, *pod.key)
+        memory.explanation = "adopted an instance a previous run of the agent had launched"
         await self._record_placed(pod, memory, chosen, chosen.offer_key, chosen.price_per_hour)
         self._queue.add(pod.key)
         return True
@@ -203,7 +225,9 @@ class Placer:
     async def _record_placed(
         self, pod: PodView, memory: PodMemory, instance: Instance, offer_key: str, price: float
     ) -> PodView:
-        updated = await self._write.placed(pod, instance, offer_key=offer_key, price=price)
+        updated = await self._write.placed(
+            pod, instance, offer_key=offer_key, price=price, explanation=memory.explanation
+        )
         memory.provider, memory.instance_id = instance.provider, instance.instance_id
         memory.offer_key = offer_key
         self._tracker.remember(instance)
@@ -256,7 +280,12 @@ class Placer:
         )
         await self._write.event(pod, event)
         if previous is None:
-            await self._write.status(pod, waiting_view(pod, "ContainerCreating", event.message))
+            reason = (
+                explain.WAITING_FOR_BUDGET
+                if result.budget_limited
+                else explain.WAITING_FOR_CAPACITY
+            )
+            await self._write.status(pod, waiting_view(pod, reason, event.message))
             return
         view = container_view(
             pod,

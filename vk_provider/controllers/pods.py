@@ -34,6 +34,8 @@ from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.placer import Placer, PodMemory
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.controllers.podwriter import PodWriter
+from vk_provider.controllers.prober import Prober
+from vk_provider.controllers.reporter import StatusReporter
 from vk_provider.controllers.workqueue import Backoff, QueueClosed, WorkQueue
 from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
@@ -46,18 +48,13 @@ from vk_provider.domain.lifecycle import (
     Decision,
     Sighting,
     Step,
-    crash_backoff,
     decide,
 )
 from vk_provider.domain.models import Instance, InstanceState
-from vk_provider.domain.podstatus import container_view, terminated_of
 from vk_provider.domain.podview import (
     PodKey,
     PodPlacement,
     PodView,
-    Running,
-    Terminated,
-    Waiting,
 )
 from vk_provider.domain.workload import Held, held_resources
 from vk_provider.kube.client import ApiError, ConflictError, KubeClient
@@ -107,6 +104,16 @@ class PodController:
         self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
         self._memory: dict[PodKey, PodMemory] = {}
         self._write = PodWriter(kube, store=store, recorder=recorder, host_ip=host_ip, now=now)
+        # Probes the agent runs (providers whose containers it can reach); a verdict that
+        # changes re-syncs the pod, whose status then shows it.
+        self.prober = Prober(self._providers, on_change=self.queue.add, events=self._write.event)
+        self._report = StatusReporter(
+            self._write,
+            self._providers,
+            probes=self.prober,
+            restart_backoff=intervals.restart_backoff_seconds,
+            now=now,
+        )
         self._placer = Placer(
             kube,
             node_name=node_name,
@@ -199,7 +206,10 @@ class PodController:
     # ------------------------------------------------------------------ workers
 
     async def run_workers(self) -> None:
-        await asyncio.gather(*(self._worker() for _ in range(self._workers)))
+        try:
+            await asyncio.gather(*(self._worker() for _ in range(self._workers)))
+        finally:
+            await self.prober.close()
 
     async def _worker(self) -> None:
         while True:
@@ -288,11 +298,12 @@ class PodController:
             self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
         elif step is Step.SHOW_PENDING:
             assert instance is not None
-            await self._show(pod, instance, Waiting("ContainerCreating", instance.message))
+            await self._report.pending(pod, instance)
             self.queue.add_after(key, self._intervals.pod_status_seconds)
         elif step is Step.SHOW_RUNNING:
             assert instance is not None
-            await self._show_running(pod, instance)
+            await self._report.running(pod, instance)
+            self.queue.add_after(key, self._intervals.pod_status_seconds * 5)
         elif step is Step.FAIL_LOST:
             why = "the provider no longer knows it"
             if instance is not None:
@@ -300,10 +311,12 @@ class PodController:
             await self._fail_lost(pod, why)
         elif step is Step.COMPLETE:
             assert instance is not None
-            await self._complete(pod, instance)
+            await self._report.complete(pod, instance)
+            await self._release(pod)
         elif step is Step.BACK_OFF:
             assert instance is not None
-            await self._back_off(pod, instance, decision.wait_seconds)
+            await self._report.back_off(pod, instance)
+            self.queue.add_after(key, decision.wait_seconds)
         elif step is Step.TERMINATE:
             await self._terminate(pod, sighting, decision.grace_seconds)
         elif step is Step.AWAIT_TERMINATION:
@@ -316,22 +329,6 @@ class PodController:
             self._room_appeared(pod.placed.offer_key if pod.placed else None)
 
     # ------------------------------------------------------------------ status
-
-    async def _show(self, pod: PodView, instance: Instance, state: Waiting) -> None:
-        await self._write.status(pod, container_view(pod, state, instance_id=instance.instance_id))
-
-    async def _show_running(self, pod: PodView, instance: Instance) -> None:
-        recorded = pod.status.running_since
-        # Some providers do not say when the container started: keep what we wrote first.
-        started = instance.started_at or recorded or self._now()
-        view = container_view(pod, Running(started), instance_id=instance.instance_id)
-        await self._write.status(pod, view, pod_ip=instance.ip)
-        if recorded is None:
-            started_event = explain.Event(
-                explain.NORMAL, explain.STARTED, f"Started container {pod.container_name}"
-            )
-            await self._write.event(pod, started_event)
-        self.queue.add_after(pod.key, self._intervals.pod_status_seconds * 5)
 
     async def _fail_lost(self, pod: PodView, why: str) -> None:
         placed = pod.placed
@@ -347,41 +344,8 @@ class PodController:
             cooldown=cooldown,
         )
         await self._write.event(pod, event)
-        lost = Terminated(
-            exit_code=137,
-            reason="InstanceLost",
-            started_at=pod.status.running_since,
-            finished_at=self._now(),
-            message=event.message,
-        )
-        await self._write.status(
-            pod,
-            container_view(pod, lost),
-            phase="Failed",
-            reason="InstanceLost",
-            message=event.message,
-        )
+        await self._report.lost(pod, event.message)
         await self._release(pod)
-
-    async def _complete(self, pod: PodView, instance: Instance) -> None:
-        ended = terminated_of(instance, now=self._now())
-        view = container_view(pod, ended, instance_id=instance.instance_id)
-        await self._write.status(pod, view, pod_ip=instance.ip)
-        await self._release(pod)
-
-    async def _back_off(self, pod: PodView, instance: Instance, wait: float) -> None:
-        delay = crash_backoff(self._intervals.restart_backoff_seconds, pod.status.restart_count)
-        event = explain.crash_loop(pod.container_name, pod.name, delay)
-        if pod.status.waiting_reason != "CrashLoopBackOff":
-            await self._write.event(pod, event)
-        view = container_view(
-            pod,
-            Waiting("CrashLoopBackOff", event.message),
-            instance_id=instance.instance_id,
-            last=terminated_of(instance, now=self._now()),
-        )
-        await self._write.status(pod, view)
-        self.queue.add_after(pod.key, wait)
 
     # ------------------------------------------------------------------ ending
 
@@ -459,6 +423,7 @@ class PodController:
                 except ProviderError as exc:
                     log.info("pod %s/%s: releasing its instance: %s", *pod.key, exc)
                     self.queue.add_rate_limited(pod.key, cap=SYNC_ERROR_CAP_SECONDS)
+        self._report.forget(pod.uid)
         if self._ledger.release(pod.uid):
             self._room_appeared(placed.offer_key if placed else None)
 
@@ -482,5 +447,6 @@ class PodController:
         self._memory.pop(key, None)
         self.queue.drop(key)
         self._write.forget_events(uid)
+        self._report.forget(uid)
         if self._ledger.release(uid):
             self._room_appeared(offer_key)

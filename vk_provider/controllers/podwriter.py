@@ -17,8 +17,16 @@ from datetime import datetime
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.domain import explain
 from vk_provider.domain.models import Instance
-from vk_provider.domain.podstatus import ContainerView, pod_status, status_changed
-from vk_provider.domain.podview import ANN_INSTANCE, ANN_OFFER, ANN_PRICE, ANN_PROVIDER, PodView
+from vk_provider.domain.podstatus import ContainerView, PodContainers, pod_status, status_changed
+from vk_provider.domain.podview import (
+    ANN_INSTANCE,
+    ANN_OFFER,
+    ANN_PLACEMENT,
+    ANN_PRICE,
+    ANN_PROVIDER,
+    LABEL_PROVIDER,
+    PodView,
+)
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
 
@@ -42,7 +50,7 @@ class PodWriter:
     async def status(
         self,
         pod: PodView,
-        view: ContainerView,
+        view: ContainerView | PodContainers,
         *,
         pod_ip: str | None = None,
         phase: str | None = None,
@@ -70,18 +78,23 @@ class PodWriter:
         self._events.forget(uid)
 
     async def placed(
-        self, pod: PodView, instance: Instance, *, offer_key: str, price: float
+        self, pod: PodView, instance: Instance, *, offer_key: str, price: float, explanation: str
     ) -> PodView:
-        """Annotate where the pod runs (one write); returns the pod as the API now has it."""
-        updated = await self._kube.patch_pod_annotations(
+        """Record where the pod runs, in one write: the annotations, why (kept on the pod,
+        beyond the Event's lifetime), and the provider as a label (``kubectl get -l/-L``)."""
+        annotations = {
+            ANN_PROVIDER: instance.provider,
+            ANN_INSTANCE: instance.instance_id,
+            ANN_OFFER: offer_key,
+            ANN_PRICE: f"{price:.4f}",
+        }
+        if explanation:
+            annotations[ANN_PLACEMENT] = explanation
+        updated = await self._kube.patch_pod_metadata(
             pod.namespace,
             pod.name,
-            {
-                ANN_PROVIDER: instance.provider,
-                ANN_INSTANCE: instance.instance_id,
-                ANN_OFFER: offer_key,
-                ANN_PRICE: f"{price:.4f}",
-            },
+            annotations=annotations,
+            labels={LABEL_PROVIDER: instance.provider},
             uid=pod.uid,
         )
         self._store.update(updated)

@@ -52,6 +52,7 @@ class ContainerSpec:
     working_dir: str | None = None
     cpu: float = 0.0
     memory_bytes: int = 0
+    gpu_count: int = 0
     # Init containers only: "Always" makes it a native sidecar (runs beside the app).
     restart_policy: str | None = None
     startup_probe: Probe | None = None
@@ -91,9 +92,10 @@ class ContainerStatus:
     finished_at: datetime | None = None  # terminated
     restart_count: int = 0
     last_termination: Termination | None = None
-    # The provider's own verdict of the readiness probe (a remote kubelet); None when the
-    # provider does not probe (the agent may).
+    # The provider's own verdicts of the readiness and startup probes (a remote kubelet);
+    # None when the provider does not probe (the agent may).
     ready: bool | None = None
+    started: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

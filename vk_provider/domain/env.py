@@ -27,7 +27,7 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
@@ -79,7 +79,8 @@ def references(pod: Mapping[str, Any]) -> ObjectRefs:
             target.add(name)
 
     spec = loose_mapping(pod.get("spec"))
-    for raw_container in loose_list(spec.get("containers")):
+    every = [*loose_list(spec.get("initContainers")), *loose_list(spec.get("containers"))]
+    for raw_container in every:
         container = loose_mapping(raw_container)
         for env in loose_list(container.get("env")):
             source = loose_mapping(loose_mapping(env).get("valueFrom"))
@@ -203,6 +204,8 @@ class EnvContext:
     config_maps: Mapping[str, Mapping[str, Any]]
     node_name: str
     host_ip: str
+    path: str = CONTAINER  # the container's field path in the pod, for error messages
+    skipped: list[str] = field(default_factory=list)  # optional references not found
 
     @property
     def namespace(self) -> str:
@@ -213,12 +216,13 @@ def environment(context: EnvContext) -> dict[str, EnvVar]:
     """The container's environment by name, in first-appearance order (envFrom, then env)."""
     env: dict[str, EnvVar] = {}
     container = context.container
-    for index, raw in enumerate(list_field(container, "envFrom", f"{CONTAINER}.envFrom")):
-        field = f"{CONTAINER}.envFrom[{index}]"
+    path = context.path
+    for index, raw in enumerate(list_field(container, "envFrom", f"{path}.envFrom")):
+        field = f"{path}.envFrom[{index}]"
         for from_var in _env_from(context, item_field(raw, field), field):
             env[from_var.name] = from_var
-    for index, raw in enumerate(list_field(container, "env", f"{CONTAINER}.env")):
-        field = f"{CONTAINER}.env[{index}]"
+    for index, raw in enumerate(list_field(container, "env", f"{path}.env")):
+        field = f"{path}.env[{index}]"
         var = _env_var(context, item_field(raw, field), field, env)
         if var is not None:
             env[var.name] = var
@@ -233,7 +237,12 @@ def _env_from(context: EnvContext, entry: Mapping[str, Any], field: str) -> list
         name = _ref_name(ref, ref_field, "ConfigMap")
         config_map = context.config_maps.get(name)
         if config_map is None:
-            _missing(ref, ref_field, f"ConfigMap {name!r} not found in {context.namespace!r}")
+            _missing(
+                ref,
+                ref_field,
+                f"ConfigMap {name!r} not found in {context.namespace!r}",
+                context.skipped,
+            )
             return []
         items = _object_items(config_map, _CONFIG_MAP, name=name, field=ref_field)
         secret = False
@@ -243,7 +252,12 @@ def _env_from(context: EnvContext, entry: Mapping[str, Any], field: str) -> list
         name = _ref_name(ref, ref_field, "Secret")
         found = context.secrets.get(name)
         if found is None:
-            _missing(ref, ref_field, f"Secret {name!r} not found in {context.namespace!r}")
+            _missing(
+                ref,
+                ref_field,
+                f"Secret {name!r} not found in {context.namespace!r}",
+                context.skipped,
+            )
             return []
         items = _object_items(found, _SECRET, name=name, field=ref_field)
         secret = True
@@ -281,6 +295,7 @@ def _env_var(
             namespace=context.namespace,
             field=field,
             var_name=name,
+            skipped=context.skipped,
         )
     if source.get("configMapKeyRef") is not None:
         field = f"{source_field}.configMapKeyRef"
@@ -291,6 +306,7 @@ def _env_var(
             namespace=context.namespace,
             field=field,
             var_name=name,
+            skipped=context.skipped,
         )
     if source.get("fieldRef") is not None:
         ref_field = f"{source_field}.fieldRef"
@@ -315,10 +331,12 @@ def _ref_name(ref: Mapping[str, Any], field: str, kind: str) -> str:
     return name
 
 
-def _missing(ref: Mapping[str, Any], field: str, reason: str) -> None:
-    """Skip a missing optional reference; refuse a required one (retryable: it may appear)."""
+def _missing(ref: Mapping[str, Any], field: str, reason: str, skipped: list[str]) -> None:
+    """Skip a missing optional reference (noted in ``skipped``); refuse a required one
+    (retryable: it may appear)."""
     if not flag(ref, "optional"):
         raise InvalidPodSpec(field, reason, retryable=True)
+    skipped.append(f"{field}: {reason} (optional: skipped)")
 
 
 def _key_ref(
@@ -329,6 +347,7 @@ def _key_ref(
     namespace: str,
     field: str,
     var_name: str,
+    skipped: list[str],
 ) -> EnvVar | None:
     """``secretKeyRef`` / ``configMapKeyRef``: one key of a referenced object, or None when
     an optional reference is missing. Values from Secrets are marked secret."""
@@ -336,11 +355,11 @@ def _key_ref(
     key = string_field(ref, "key", f"{field}.key")
     obj = objects.get(name)
     if obj is None:
-        _missing(ref, field, f"{source.kind} {name!r} not found in {namespace!r}")
+        _missing(ref, field, f"{source.kind} {name!r} not found in {namespace!r}", skipped)
         return None
     value = _object_value(obj, key, source, name=name, field=field)
     if value is None:
-        _missing(ref, field, f"key {key!r} not found in {source.kind} {name!r}")
+        _missing(ref, field, f"key {key!r} not found in {source.kind} {name!r}", skipped)
         return None
     return EnvVar(name=var_name, value=value, secret=source is _SECRET)
 
@@ -395,7 +414,7 @@ def _resource_field_ref(context: EnvContext, ref: Mapping[str, Any], field: str)
     wanted = string_field(ref, "containerName", f"{field}.containerName")
     if wanted and wanted != container.get("name"):
         raise InvalidPodSpec(
-            f"{field}.containerName", f"names {wanted!r}, which is not the pod's container"
+            f"{field}.containerName", f"names {wanted!r}, which is not this container"
         )
     resource = string_field(ref, "resource", f"{field}.resource")
     kind, _, name = resource.partition(".")
@@ -408,10 +427,10 @@ def _resource_field_ref(context: EnvContext, ref: Mapping[str, Any], field: str)
             f"{resource!r} is not supported; use limits.<r> or requests.<r> with r one of cpu, "
             f"memory, ephemeral-storage, hugepages-<size>, {GPU_RESOURCE}",
         )
-    resources = mapping_field(container, "resources", f"{CONTAINER}.resources")
-    value, _ = resource_field(resources, kind, name)
+    resources = mapping_field(container, "resources", f"{context.path}.resources")
+    value, _ = resource_field(resources, kind, name, path=context.path)
     if value is None and kind == "limits":
-        value, _ = resource_field(resources, "requests", name)
+        value, _ = resource_field(resources, "requests", name, path=context.path)
     if value is None:
         value = Decimal(0)
     divisor_raw = ref.get("divisor")
@@ -426,10 +445,10 @@ def _resource_field_ref(context: EnvContext, ref: Mapping[str, Any], field: str)
 
 
 def expanded_strings(
-    container: Mapping[str, Any], key: str, env: Mapping[str, EnvVar]
+    container: Mapping[str, Any], key: str, env: Mapping[str, EnvVar], *, path: str = CONTAINER
 ) -> tuple[str, ...]:
     """``command`` or ``args`` with ``$(VAR)`` expanded from the final environment, as kubelet."""
-    field = f"{CONTAINER}.{key}"
+    field = f"{path}.{key}"
     result: list[str] = []
     for index, text in enumerate(strings_field(container, key, field)):
         expanded, used_secret = _expand(text, env)

@@ -29,6 +29,11 @@ STARTED = "Started"
 BACK_OFF = "BackOff"
 KILLING = "Killing"
 FAILED_CONFIG = "CreateContainerConfigError"
+OPTIONAL_REFERENCE_MISSING = "OptionalReferenceMissing"
+PROBE_UNSUPPORTED = "ProbeUnsupported"
+# Waiting reasons of a pod no provider takes now (not ContainerCreating: nothing is created).
+WAITING_FOR_CAPACITY = "WaitingForCapacity"
+WAITING_FOR_BUDGET = "WaitingForBudget"
 
 NORMAL = "Normal"
 WARNING = "Warning"
@@ -56,18 +61,24 @@ def provider_selected(
     failed: Sequence[tuple[Offer, ProviderError]],
     *,
     offers_seen: int,
+    shape: str = "",
 ) -> Event:
     skipped = [f"{o.key}: {type(e).__name__}" for o, e in failed]
     ranked = [o for o in placement.candidates if o.key != offer.key]
     cheaper = [o for o in ranked if o.price_per_hour < offer.price_per_hour]
     why = f" ({'; '.join(skipped)})" if skipped else ""
     gpu = f"{offer.gpu_count}x {offer.gpu_model}" if offer.gpu_model else "no GPU"
+    unable = (
+        f"; skipped provider(s) {', '.join(placement.unable)}: cannot run {shape}"
+        if placement.unable
+        else ""
+    )
     return Event(
         NORMAL,
         PROVIDER_SELECTED,
         f"placed on {offer.provider} offer {offer.sku} ({gpu}) in {offer.region} at "
         f"${offer.price_per_hour:.4f}/h; {len(cheaper)} cheaper offer(s) skipped{why}; "
-        f"{offers_seen} offer(s) considered, removed {placement.explain()}",
+        f"{offers_seen} offer(s) considered, removed {placement.explain()}{unable}",
     )
 
 
@@ -92,11 +103,16 @@ def unplaceable(
             f"(offers removed {placement.explain()}); retrying in {retry_in:.0f}s",
         )
     tried = f"; {failed_launches} launch(es) failed" if failed_launches else ""
+    unable = (
+        f"; provider(s) {', '.join(placement.unable)} cannot run {request.shape.describe()}"
+        if placement.unable
+        else ""
+    )
     return Event(
         WARNING,
         NO_CAPACITY,
-        f"no offer fits {wanted(request)}: offers removed {placement.explain()}{tried}; "
-        f"retrying in {retry_in:.0f}s",
+        f"no offer fits {wanted(request)}: offers removed {placement.explain()}{tried}"
+        f"{unable}; retrying in {retry_in:.0f}s",
     )
 
 
@@ -122,3 +138,16 @@ def crash_loop(container: str, pod: str, delay: float) -> Event:
         BACK_OFF,
         f"back-off {delay:.0f}s restarting failed container={container} pod={pod}",
     )
+
+
+def shape_unsupported(request: PlacementRequest, providers: Sequence[str]) -> Event:
+    """No configured (and allowed) provider can run the pod's containers: InvalidSpec."""
+    return invalid_spec(
+        request.shape.field,
+        f"no provider can run {request.shape.describe()}: provider(s) {', '.join(providers)} "
+        "cannot (see their capabilities)",
+    )
+
+
+def optional_references_missing(skipped: Sequence[str]) -> Event:
+    return Event(NORMAL, OPTIONAL_REFERENCE_MISSING, "; ".join(skipped))

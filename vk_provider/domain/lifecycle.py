@@ -13,7 +13,9 @@ The decision has two inputs that make the table's key:
   it (``MISSING``), the provider could not be asked (``UNREACHABLE``), or the instance's state
   — with ``EXITED`` refined by the restart policy, the exit code and the crash-loop back-off
   into ``EXITED_FINAL`` (the policy says the pod is done), ``EXITED_WAIT`` (it will restart,
-  back-off not over) and ``EXITED_DUE`` (restart now).
+  back-off not over) and ``EXITED_DUE`` (restart now). An instance that reports its
+  containers (a whole pod, ``Capabilities.multi_container``) has a provider that restarts
+  them itself: its ``EXITED`` is always ``EXITED_FINAL``.
 
 ``TABLE`` maps every (context, condition) pair to a step, one comment per edge, and is tested
 edge by edge (``tests/unit/test_lifecycle.py``). One rule sits on top of the table: a step
@@ -205,6 +207,10 @@ def condition_of(
         return K.UNREACHABLE, 0.0
     if instance.state is not InstanceState.EXITED:
         return _STATE_CONDITION[instance.state], 0.0
+    if instance.containers:
+        # A whole pod: its provider restarts containers per the policy itself, so an instance
+        # that has exited is a pod that has ended.
+        return K.EXITED_FINAL, 0.0
     code = instance.exit_code if instance.exit_code is not None else 1
     if pod.restart_policy == "Never" or (pod.restart_policy == "OnFailure" and code == 0):
         return K.EXITED_FINAL, 0.0

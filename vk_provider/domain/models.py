@@ -24,7 +24,7 @@ __all__ = ["EnvVar", "Port"]  # adapters import them from here, with the rest of
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
-    """One container to run, translated once from the pod (``vk_provider.domain.workload``)."""
+    """A pod to run, translated once from the pod (``vk_provider.domain.workload``)."""
 
     pod_uid: str
     namespace: str

@@ -17,13 +17,62 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vk_provider.domain.budget import BudgetView
-from vk_provider.domain.models import Offer
+from vk_provider.domain.models import Capabilities, Offer, WorkloadSpec
 
 
 class CapacityType(enum.Enum):
     ON_DEMAND = "on-demand"
     SPOT = "spot"
     ANY = "any"
+
+
+@dataclass(frozen=True, slots=True)
+class PodShape:
+    """How many containers a pod has, of which kind: what a provider must be able to run."""
+
+    app_containers: int = 1
+    init_containers: int = 0  # plain init containers (run to completion, in order)
+    sidecars: int = 0  # init containers with restartPolicy Always
+    field: str = ""  # the pod field that makes it more than one container
+
+    @classmethod
+    def of(cls, spec: WorkloadSpec) -> PodShape:
+        apps = max(len(spec.containers), 1)
+        sidecars = [i for i, c in enumerate(spec.init_containers) if c.sidecar]
+        plain = [i for i, c in enumerate(spec.init_containers) if not c.sidecar]
+        if apps > 1:
+            field = "spec.containers[1]"
+        elif sidecars:
+            field = f"spec.initContainers[{sidecars[0]}]"
+        elif plain:
+            field = f"spec.initContainers[{plain[0]}]"
+        else:
+            field = ""
+        return cls(apps, len(plain), len(sidecars), field)
+
+    @property
+    def single(self) -> bool:
+        return self.app_containers == 1 and not self.init_containers and not self.sidecars
+
+    def describe(self) -> str:
+        parts = [f"{self.app_containers} app container(s)"]
+        if self.sidecars:
+            parts.append(f"{self.sidecars} sidecar(s)")
+        if self.init_containers:
+            parts.append(f"{self.init_containers} init container(s)")
+        return ", ".join(parts)
+
+    def runs_on(self, capabilities: Capabilities | None) -> bool:
+        """Whether a provider with ``capabilities`` can run a pod of this shape."""
+        if self.single:
+            return True
+        if capabilities is None:
+            return False
+        return (
+            (self.app_containers == 1 or capabilities.multi_container)
+            and (not self.init_containers or capabilities.init_containers)
+            and (not self.sidecars or capabilities.sidecars)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +86,7 @@ class PlacementRequest:
     max_price_per_hour: float | None = None
     capacity_type: CapacityType = CapacityType.ON_DEMAND
     providers: tuple[str, ...] = ()
+    shape: PodShape = PodShape()
 
 
 def gpu_matches(wanted: str, offered: str | None) -> bool:
@@ -50,6 +100,7 @@ def gpu_matches(wanted: str, offered: str | None) -> bool:
 # Filters in the order they are applied; each removes offers for one reason.
 FILTERS: tuple[str, ...] = (
     "provider",
+    "shape",
     "gpu-count",
     "gpu-model",
     "gpu-memory",
@@ -101,6 +152,7 @@ class _Context:
     blocked: frozenset[str]
     health: Mapping[str, ProviderHealth]
     budget: BudgetView | None
+    capabilities: Mapping[str, Capabilities]
 
 
 _HEALTHY = ProviderHealth()
@@ -109,6 +161,8 @@ _HEALTHY = ProviderHealth()
 def _passes(name: str, request: PlacementRequest, offer: Offer, ctx: _Context) -> bool:
     if name == "provider":
         return not request.providers or offer.provider in request.providers
+    if name == "shape":
+        return request.shape.runs_on(ctx.capabilities.get(offer.provider))
     if name == "gpu-count":
         if request.gpu_count == 0:
             return offer.gpu_count == 0
@@ -149,6 +203,8 @@ class Placement:
 
     candidates: tuple[Offer, ...]
     removed: tuple[tuple[str, int], ...] = field(default=())
+    # Providers that cannot run the pod's shape (more than one container): named in Events.
+    unable: tuple[str, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -176,14 +232,24 @@ def place(
     budget: BudgetView | None = None,
     priorities: Mapping[str, int] | None = None,
     policy: PlacementPolicy = PlacementPolicy(),  # frozen, so one shared default is safe
+    capabilities: Mapping[str, Capabilities] | None = None,
 ) -> Placement:
-    """Filter ``offers`` by ``request`` and rank them; see the module docstring."""
-    ctx = _Context(blocked=blocked, health=health or {}, budget=budget)
+    """Filter ``offers`` by ``request`` and rank them; see the module docstring.
+
+    ``capabilities`` (per provider) decide which providers can run a pod of more than one
+    container (the "shape" filter); a single-container pod runs anywhere.
+    """
+    ctx = _Context(
+        blocked=blocked, health=health or {}, budget=budget, capabilities=capabilities or {}
+    )
     remaining: Sequence[Offer] = list(offers)
     removed: list[tuple[str, int]] = []
+    unable: set[str] = set()
     for name in FILTERS:
         kept = [o for o in remaining if _passes(name, request, o, ctx)]
         removed.append((name, len(remaining) - len(kept)))
+        if name == "shape":
+            unable = {o.provider for o in remaining} - {o.provider for o in kept}
         remaining = kept
     prio = priorities or {}
     states = ctx.health
@@ -192,4 +258,8 @@ def place(
         value = score(offer, states.get(offer.provider, _HEALTHY), policy)
         return (value, offer.price_per_hour, -prio.get(offer.provider, 0), offer.key)
 
-    return Placement(candidates=tuple(sorted(remaining, key=rank)), removed=tuple(removed))
+    return Placement(
+        candidates=tuple(sorted(remaining, key=rank)),
+        removed=tuple(removed),
+        unable=tuple(sorted(unable)),
+    )

@@ -146,21 +146,35 @@ def check_pod_level(spec: Mapping[str, Any]) -> None:
     ):
         if flag(spec, key):
             raise InvalidPodSpec(f"spec.{key}", f"is not supported on the virtual node: {why}")
-    for key in ("initContainers", "ephemeralContainers"):
-        if list_field(spec, key, f"spec.{key}"):
-            raise InvalidPodSpec(
-                f"spec.{key}", "is not supported; the virtual node runs exactly one container"
-            )
+    if list_field(spec, "ephemeralContainers", "spec.ephemeralContainers"):
+        raise InvalidPodSpec(
+            "spec.ephemeralContainers",
+            "is not supported: debug containers cannot be added to a rented machine's pod",
+        )
+
+
+Located = tuple[str, Mapping[str, Any]]
+"""A container and its field path in the pod (``spec.initContainers[1]``)."""
+
+
+def pod_containers(spec: Mapping[str, Any]) -> tuple[list[Located], list[Located]]:
+    """The app containers and the init containers, each with its field path."""
+    apps = [
+        (f"spec.containers[{i}]", item_field(raw, f"spec.containers[{i}]"))
+        for i, raw in enumerate(list_field(spec, "containers", "spec.containers"))
+    ]
+    if not apps:
+        raise InvalidPodSpec("spec.containers", "must hold at least one container")
+    inits = [
+        (f"spec.initContainers[{i}]", item_field(raw, f"spec.initContainers[{i}]"))
+        for i, raw in enumerate(list_field(spec, "initContainers", "spec.initContainers"))
+    ]
+    return apps, inits
 
 
 def single_container(spec: Mapping[str, Any]) -> Mapping[str, Any]:
-    containers = list_field(spec, "containers", "spec.containers")
-    if len(containers) != 1:
-        raise InvalidPodSpec(
-            "spec.containers",
-            f"must hold exactly one container on the virtual node, found {len(containers)}",
-        )
-    return item_field(containers[0], CONTAINER)
+    """The first app container (what a single-container provider runs)."""
+    return pod_containers(spec)[0][0][1]
 
 
 def allowed_volumes(spec: Mapping[str, Any]) -> frozenset[str]:
@@ -212,19 +226,21 @@ def _is_service_account_volume(volume: Mapping[str, Any]) -> bool:
     return True
 
 
-def check_container(container: Mapping[str, Any], volumes: frozenset[str]) -> None:
-    security = mapping_field(container, "securityContext", f"{CONTAINER}.securityContext")
+def check_container(
+    container: Mapping[str, Any], volumes: frozenset[str], *, path: str = CONTAINER
+) -> None:
+    security = mapping_field(container, "securityContext", f"{path}.securityContext")
     if flag(security, "privileged"):
         raise InvalidPodSpec(
-            f"{CONTAINER}.securityContext.privileged",
+            f"{path}.securityContext.privileged",
             "privileged containers are not supported on rented machines",
         )
-    if list_field(container, "volumeDevices", f"{CONTAINER}.volumeDevices"):
+    if list_field(container, "volumeDevices", f"{path}.volumeDevices"):
         raise InvalidPodSpec(
-            f"{CONTAINER}.volumeDevices", "block devices are not supported on the virtual node"
+            f"{path}.volumeDevices", "block devices are not supported on the virtual node"
         )
-    for index, raw in enumerate(list_field(container, "volumeMounts", f"{CONTAINER}.volumeMounts")):
-        field = f"{CONTAINER}.volumeMounts[{index}]"
+    for index, raw in enumerate(list_field(container, "volumeMounts", f"{path}.volumeMounts")):
+        field = f"{path}.volumeMounts[{index}]"
         name = string_field(item_field(raw, field), "name", f"{field}.name")
         if name not in volumes:
             raise InvalidPodSpec(
@@ -232,10 +248,10 @@ def check_container(container: Mapping[str, Any], volumes: frozenset[str]) -> No
             )
 
 
-def ports(container: Mapping[str, Any]) -> tuple[Port, ...]:
+def ports(container: Mapping[str, Any], *, path: str = CONTAINER) -> tuple[Port, ...]:
     ports: list[Port] = []
-    for index, raw in enumerate(list_field(container, "ports", f"{CONTAINER}.ports")):
-        field = f"{CONTAINER}.ports[{index}]"
+    for index, raw in enumerate(list_field(container, "ports", f"{path}.ports")):
+        field = f"{path}.ports[{index}]"
         entry = item_field(raw, field)
         number = entry.get("containerPort")
         if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < 65536:
@@ -249,10 +265,10 @@ def ports(container: Mapping[str, Any]) -> tuple[Port, ...]:
 
 
 def resource_field(
-    resources: Mapping[str, Any], kind: str, name: str
+    resources: Mapping[str, Any], kind: str, name: str, *, path: str = CONTAINER
 ) -> tuple[Decimal | None, str]:
     """The quantity of ``resources.<kind>.<name>`` (None if unset) and its field path."""
-    parent = f"{CONTAINER}.resources.{kind}"
+    parent = f"{path}.resources.{kind}"
     field = field_for(parent, name)
     raw = mapping_field(resources, kind, parent).get(name)
     return (None if raw is None else quantity_field(raw, field)), field

@@ -32,6 +32,9 @@ ANN_PROVIDER = ANNOTATION_PREFIX + "provider"
 ANN_INSTANCE = ANNOTATION_PREFIX + "instance-id"
 ANN_OFFER = ANNOTATION_PREFIX + "offer"
 ANN_PRICE = ANNOTATION_PREFIX + "price-per-hour"
+ANN_PLACEMENT = ANNOTATION_PREFIX + "placement"  # why it runs there (ProviderSelected, kept)
+# The provider as a label too, so `kubectl get pods -l vk-provider.io/provider=x` works.
+LABEL_PROVIDER = ANN_PROVIDER
 # Annotations the user writes (PRODUCT.md §6).
 ANN_GPU = ANNOTATION_PREFIX + "gpu"
 ANN_MIN_GPU_MEMORY = ANNOTATION_PREFIX + "min-gpu-memory"
@@ -165,6 +168,29 @@ class ContainerStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class SpecContainer:
+    """One container of the pod's spec, as the status writer needs it."""
+
+    name: str
+    image: str
+    sidecar: bool = False  # an init container with restartPolicy Always
+    readiness_probe: bool = False
+    startup_probe: bool = False
+    liveness_probe: bool = False
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any], *, init: bool = False) -> SpecContainer:
+        return cls(
+            name=_text(body.get("name")),
+            image=_text(body.get("image")),
+            sidecar=init and body.get("restartPolicy") == "Always",
+            readiness_probe=isinstance(body.get("readinessProbe"), Mapping),
+            startup_probe=isinstance(body.get("startupProbe"), Mapping),
+            liveness_probe=isinstance(body.get("livenessProbe"), Mapping),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Placed:
     """Where the agent's annotations say the pod runs."""
 
@@ -187,9 +213,15 @@ class PodView:
     placed: Placed | None
     container_name: str
     container_image: str
-    status: ContainerStatus
+    status: ContainerStatus  # of the first app container
     controlled: bool  # a controller (ReplicaSet, Job, ...) owns it and would replace it
     raw: JSON = field(repr=False, compare=False)
+    # Every app container and init container of the spec, in order, and what the status
+    # last said about each (by name; init containers' from initContainerStatuses).
+    containers: tuple[SpecContainer, ...] = ()
+    init_containers: tuple[SpecContainer, ...] = ()
+    statuses: Mapping[str, ContainerStatus] = field(default_factory=dict, compare=False)
+    init_statuses: Mapping[str, ContainerStatus] = field(default_factory=dict, compare=False)
 
     @classmethod
     def parse(cls, pod: Mapping[str, Any]) -> PodView:
@@ -204,6 +236,11 @@ class PodView:
         containers = _list(spec.get("containers"))
         container = _mapping(containers[0]) if containers else {}
         statuses = _list(status.get("containerStatuses"))
+        parsed = [ContainerStatus.parse(_mapping(body)) for body in statuses]
+        inits = [
+            ContainerStatus.parse(_mapping(body))
+            for body in _list(status.get("initContainerStatuses"))
+        ]
         policy = _text(spec.get("restartPolicy")) or "Always"
         owners = _list(metadata.get("ownerReferences"))
         return cls(
@@ -218,9 +255,16 @@ class PodView:
             placed=_placed(annotations),
             container_name=_text(container.get("name")),
             container_image=_text(container.get("image")),
-            status=ContainerStatus.parse(_mapping(statuses[0]) if statuses else {}),
+            status=parsed[0] if parsed else ContainerStatus(),
             controlled=any(_mapping(o).get("controller") is True for o in owners),
             raw=dict(pod),
+            containers=tuple(SpecContainer.parse(_mapping(c)) for c in containers),
+            init_containers=tuple(
+                SpecContainer.parse(_mapping(c), init=True)
+                for c in _list(spec.get("initContainers"))
+            ),
+            statuses={s.name: s for s in parsed},
+            init_statuses={s.name: s for s in inits},
         )
 
     @property

@@ -2,52 +2,155 @@
 
 The input is a pod exactly as the API serves it as JSON (camelCase keys), plus the Secrets and
 ConfigMaps it references (fetched by the caller; ``env.references`` says which). The output is
-what a provider launches (``WorkloadSpec``) and what placement filters offers by
-(``PlacementRequest``, from the pod's resources and the annotations of PRODUCT.md §6).
-Anything the virtual node can never honour is refused with ``InvalidPodSpec`` naming the pod
-field at fault (``podspec``); the environment follows kubelet (``env``).
+what a provider launches (``WorkloadSpec``: every app container, the init containers in order,
+native sidecars among them, each with its environment and probes) and what placement filters
+offers by (``PlacementRequest``: the pod's effective resources, its shape, the annotations of
+PRODUCT.md §6). Anything the virtual node can never honour is refused with ``InvalidPodSpec``
+naming the pod field at fault (``podspec``); the environment follows kubelet (``env``).
+
+Effective resources follow kubelet: the larger of the app containers' and sidecars' sum and
+the largest plain init container (init containers run one at a time, before the app).
 
 Invariants: pure, no I/O, no clock; the same arguments always give the same result.
 """
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any
 
+from vk_provider.domain.annotations import (
+    capacity_type,
+    gpu_models,
+    max_price,
+    min_gpu_memory_gib,
+    names,
+)
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.env import EnvContext, environment, expanded_strings
 from vk_provider.domain.models import WorkloadSpec
-from vk_provider.domain.placement import CapacityType, PlacementRequest
+from vk_provider.domain.placement import PlacementRequest, PodShape
 from vk_provider.domain.podspec import (
-    CONTAINER,
     GPU_RESOURCE,
     InvalidPodSpec,
+    Located,
     allowed_volumes,
     check_container,
     check_pod_level,
     mapping_field,
+    pod_containers,
     ports,
-    quantity_field,
     resource_field,
-    single_container,
     string_field,
     string_map_field,
 )
-from vk_provider.domain.podview import (
-    ANN_CAPACITY_TYPE,
-    ANN_GPU,
-    ANN_MAX_PRICE,
-    ANN_MIN_GPU_MEMORY,
-    ANN_PROVIDERS,
-    ANN_REGIONS,
-)
-from vk_provider.domain.quantity import GIB, ceil_int
+from vk_provider.domain.podview import ANN_PROVIDERS, ANN_REGIONS
+from vk_provider.domain.probes import probes
+from vk_provider.domain.quantity import ceil_int
 
-_GPU_MODEL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    """A pod read for launching, and the optional references it had to skip."""
+
+    spec: WorkloadSpec
+    request: PlacementRequest
+    skipped: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Sizes:
+    cpu: Decimal
+    memory: Decimal
+    gpus: int
+
+
+def _sizes(container: Mapping[str, Any], path: str) -> _Sizes:
+    resources = mapping_field(container, "resources", f"{path}.resources")
+    return _Sizes(
+        cpu=_request_or_limit(resources, "cpu", path),
+        memory=_request_or_limit(resources, "memory", path),
+        gpus=_gpu_count(resources, path),
+    )
+
+
+def _effective(apps: Sequence[Located], inits: Sequence[Located]) -> _Sizes:
+    """What the pod holds at its largest (kubelet's effective request)."""
+    running = [_sizes(c, p) for p, c in apps] + [
+        _sizes(c, p) for p, c in inits if c.get("restartPolicy") == "Always"
+    ]
+    plain = [_sizes(c, p) for p, c in inits if c.get("restartPolicy") != "Always"]
+    total = _Sizes(
+        cpu=sum((s.cpu for s in running), Decimal(0)),
+        memory=sum((s.memory for s in running), Decimal(0)),
+        gpus=sum(s.gpus for s in running),
+    )
+    return _Sizes(
+        cpu=max([total.cpu, *(s.cpu for s in plain)]),
+        memory=max([total.memory, *(s.memory for s in plain)]),
+        gpus=max([total.gpus, *(s.gpus for s in plain)]),
+    )
+
+
+def _container(
+    located: Located,
+    *,
+    init: bool,
+    pod: Mapping[str, Any],
+    secrets: Mapping[str, Mapping[str, Any]],
+    config_maps: Mapping[str, Mapping[str, Any]],
+    node_name: str,
+    host_ip: str,
+    volumes: frozenset[str],
+    skipped: list[str],
+) -> ContainerSpec:
+    path, container = located
+    check_container(container, volumes, path=path)
+    name = string_field(container, "name", f"{path}.name")
+    if not name:
+        raise InvalidPodSpec(f"{path}.name", "is missing")
+    image = string_field(container, "image", f"{path}.image").strip()
+    if not image:
+        raise InvalidPodSpec(f"{path}.image", "is missing; the container needs an image")
+    context = EnvContext(
+        pod=pod,
+        container=container,
+        secrets=secrets,
+        config_maps=config_maps,
+        node_name=node_name,
+        host_ip=host_ip,
+        path=path,
+        skipped=skipped,
+    )
+    env = environment(context)
+    restart_policy = string_field(container, "restartPolicy", f"{path}.restartPolicy") or None
+    if restart_policy is not None and (not init or restart_policy != "Always"):
+        raise InvalidPodSpec(
+            f"{path}.restartPolicy", "only an init container may set it, and only to Always"
+        )
+    container_ports = ports(container, path=path)
+    startup, readiness, liveness = probes(container, path, container_ports)
+    if init and restart_policy is None and (startup or readiness or liveness):
+        raise InvalidPodSpec(path, "an init container takes no probes (a sidecar may)")
+    sizes = _sizes(container, path)
+    return ContainerSpec(
+        name=name,
+        image=image,
+        command=expanded_strings(container, "command", env, path=path),
+        args=expanded_strings(container, "args", env, path=path),
+        env=tuple(env.values()),
+        ports=container_ports,
+        working_dir=string_field(container, "workingDir", f"{path}.workingDir") or None,
+        cpu=float(sizes.cpu),
+        memory_bytes=ceil_int(sizes.memory),
+        gpu_count=sizes.gpus,
+        restart_policy=restart_policy,
+        startup_probe=startup,
+        readiness_probe=readiness,
+        liveness_probe=liveness,
+    )
 
 
 def to_workload(
@@ -58,12 +161,14 @@ def to_workload(
     node_name: str,
     host_ip: str,
     attempt: int = 0,
+    skipped: list[str] | None = None,
 ) -> WorkloadSpec:
     """Translate a pod (API JSON) into the ``WorkloadSpec`` a provider launches.
 
     ``secrets`` and ``config_maps`` map names (in the pod's namespace) to the objects as the API
     serves them; a name absent from them does not exist. ``node_name`` and ``host_ip`` answer
-    ``spec.nodeName`` and ``status.hostIP`` field references. Raises ``InvalidPodSpec``.
+    ``spec.nodeName`` and ``status.hostIP`` field references. Optional references that are
+    missing are appended to ``skipped``. Raises ``InvalidPodSpec``.
     """
     metadata = mapping_field(pod, "metadata", "metadata")
     spec = mapping_field(pod, "spec", "spec")
@@ -76,72 +181,66 @@ def to_workload(
     namespace = string_field(metadata, "namespace", "metadata.namespace") or "default"
 
     check_pod_level(spec)
-    container = single_container(spec)
-    check_container(container, allowed_volumes(spec))
-
-    container_name = string_field(container, "name", f"{CONTAINER}.name")
-    if not container_name:
-        raise InvalidPodSpec(f"{CONTAINER}.name", "is missing")
-    image = string_field(container, "image", f"{CONTAINER}.image").strip()
-    if not image:
-        raise InvalidPodSpec(f"{CONTAINER}.image", "is missing; the container needs an image")
-
-    resources = mapping_field(container, "resources", f"{CONTAINER}.resources")
-    context = EnvContext(
-        pod=pod,
-        container=container,
-        secrets=secrets,
-        config_maps=config_maps,
-        node_name=node_name,
-        host_ip=host_ip,
-    )
-    env = environment(context)
-    command = expanded_strings(container, "command", env)
-    args = expanded_strings(container, "args", env)
+    apps, inits = pod_containers(spec)
+    volumes = allowed_volumes(spec)
+    notes: list[str] = [] if skipped is None else skipped
+    common: dict[str, Any] = {
+        "pod": pod,
+        "secrets": secrets,
+        "config_maps": config_maps,
+        "node_name": node_name,
+        "host_ip": host_ip,
+        "volumes": volumes,
+        "skipped": notes,
+    }
+    containers = tuple(_container(c, init=False, **common) for c in apps)
+    init_containers = tuple(_container(c, init=True, **common) for c in inits)
+    names_seen = [c.name for c in (*init_containers, *containers)]
+    for name in names_seen:
+        if names_seen.count(name) > 1:
+            raise InvalidPodSpec("spec.containers", f"container name {name!r} is used twice")
     annotations = string_map_field(metadata, "annotations", "metadata.annotations")
     labels = string_map_field(metadata, "labels", "metadata.labels")
-    working_dir = string_field(container, "workingDir", f"{CONTAINER}.workingDir") or None
-
+    policy = string_field(spec, "restartPolicy", "spec.restartPolicy") or "Always"
+    if policy not in ("Always", "OnFailure", "Never"):
+        raise InvalidPodSpec("spec.restartPolicy", "must be Always, OnFailure or Never")
+    total = _effective(apps, inits)
+    main = containers[0]
     return WorkloadSpec(
         pod_uid=uid,
         namespace=namespace,
         pod_name=pod_name,
-        container_name=container_name,
-        image=image,
-        command=command,
-        args=args,
-        env=tuple(env.values()),
-        ports=ports(container),
-        working_dir=working_dir,
-        gpu_count=_gpu_count(resources),
-        gpu_models=_gpu_models(annotations),
-        min_gpu_memory_gib=_min_gpu_memory_gib(annotations),
-        cpu=_cpu(resources),
-        memory_bytes=_memory_bytes(resources),
+        container_name=main.name,
+        image=main.image,
+        command=main.command,
+        args=main.args,
+        env=main.env,
+        ports=main.ports,
+        working_dir=main.working_dir,
+        gpu_count=total.gpus,
+        gpu_models=gpu_models(annotations),
+        min_gpu_memory_gib=min_gpu_memory_gib(annotations),
+        cpu=float(total.cpu),
+        memory_bytes=ceil_int(total.memory),
         labels=tuple(sorted(labels.items())),
         attempt=attempt,
+        containers=containers,
+        init_containers=init_containers,
+        restart_policy=policy,
     )
 
 
-def _request_or_limit(resources: Mapping[str, Any], name: str) -> Decimal:
-    value, _ = resource_field(resources, "requests", name)
+def _request_or_limit(resources: Mapping[str, Any], name: str, path: str) -> Decimal:
+    value, _ = resource_field(resources, "requests", name, path=path)
     if value is None:
-        value, _ = resource_field(resources, "limits", name)
+        value, _ = resource_field(resources, "limits", name, path=path)
     return Decimal(0) if value is None else value
 
 
-def _cpu(resources: Mapping[str, Any]) -> float:
-    return float(_request_or_limit(resources, "cpu"))
-
-
-def _memory_bytes(resources: Mapping[str, Any]) -> int:
-    return ceil_int(_request_or_limit(resources, "memory"))
-
-
-def _gpu_count(resources: Mapping[str, Any]) -> int:
-    value, field = resource_field(resources, "limits", GPU_RESOURCE)
+def _gpu_count(resources: Mapping[str, Any], path: str) -> int:
+    value, field = resource_field(resources, "limits", GPU_RESOURCE, path=path)
     if value is None:
-        value, field = resource_field(resources, "requests", GPU_RESOURCE)
+        value, field = resource_field(resources, "requests", GPU_RESOURCE, path=path)
     if value is None:
         return 0
     if value != value.to_integral_value():
@@ -149,86 +248,7 @@ def _gpu_count(resources: Mapping[str, Any]) -> int:
     return int(value)
 
 
-def _gpu_models(annotations: Mapping[str, str]) -> tuple[str, ...]:
-    raw = annotations.get(ANN_GPU)
-    if raw is None:
-        return ()
-    field = f"metadata.annotations['{ANN_GPU}']"
-    models: list[str] = []
-    for part in raw.split(","):
-        model = part.strip()
-        if not model:
-            continue
-        if not _GPU_MODEL.fullmatch(model):
-            raise InvalidPodSpec(
-                field,
-                f"{model!r} is not a GPU model name (letters, digits, '.', '_', '-'; "
-                "comma-separated, e.g. H100,A100-80GB)",
-            )
-        if model not in models:
-            models.append(model)
-    return tuple(models)
-
-
-def _min_gpu_memory_gib(annotations: Mapping[str, str]) -> float:
-    raw = annotations.get(ANN_MIN_GPU_MEMORY)
-    if raw is None:
-        return 0.0
-    field = f"metadata.annotations['{ANN_MIN_GPU_MEMORY}']"
-    return float(quantity_field(raw.strip(), field) / GIB)
-
-
 # --------------------------------------------------------------------------- placement
-
-
-def _annotation_field(name: str) -> str:
-    return f"metadata.annotations['{name}']"
-
-
-def _max_price(annotations: Mapping[str, str]) -> float | None:
-    raw = annotations.get(ANN_MAX_PRICE)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidPodSpec(
-            _annotation_field(ANN_MAX_PRICE), "must be a number of $/hour"
-        ) from None
-    if not math.isfinite(value) or value < 0:
-        raise InvalidPodSpec(_annotation_field(ANN_MAX_PRICE), "must be a finite number >= 0")
-    return value
-
-
-def _capacity_type(annotations: Mapping[str, str]) -> CapacityType:
-    raw = annotations.get(ANN_CAPACITY_TYPE, CapacityType.ON_DEMAND.value)
-    try:
-        return CapacityType(raw.strip())
-    except ValueError:
-        raise InvalidPodSpec(
-            _annotation_field(ANN_CAPACITY_TYPE), "must be one of on-demand, spot, any"
-        ) from None
-
-
-_LIST_ITEM: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
-
-
-def _names(annotations: Mapping[str, str], name: str, what: str) -> tuple[str, ...]:
-    """A comma-separated list annotation; every item must be a plain name."""
-    raw = annotations.get(name, "")
-    items: list[str] = []
-    for part in raw.split(","):
-        item = part.strip()
-        if not item:
-            continue
-        if not _LIST_ITEM.fullmatch(item):
-            raise InvalidPodSpec(
-                _annotation_field(name),
-                f"{item!r} is not a {what} (comma-separated names, e.g. a,b)",
-            )
-        if item not in items:
-            items.append(item)
-    return tuple(items)
 
 
 def placement_request(spec: WorkloadSpec, annotations: Mapping[str, str]) -> PlacementRequest:
@@ -239,10 +259,11 @@ def placement_request(spec: WorkloadSpec, annotations: Mapping[str, str]) -> Pla
         min_gpu_memory_gib=spec.min_gpu_memory_gib,
         cpu=spec.cpu,
         memory_gib=spec.memory_bytes / 2**30,
-        regions=_names(annotations, ANN_REGIONS, "region"),
-        max_price_per_hour=_max_price(annotations),
-        capacity_type=_capacity_type(annotations),
-        providers=_names(annotations, ANN_PROVIDERS, "provider name"),
+        regions=names(annotations, ANN_REGIONS, "region"),
+        max_price_per_hour=max_price(annotations),
+        capacity_type=capacity_type(annotations),
+        providers=names(annotations, ANN_PROVIDERS, "provider name"),
+        shape=PodShape.of(spec),
     )
 
 
@@ -254,8 +275,9 @@ def to_request(
     node_name: str,
     host_ip: str,
     attempt: int = 0,
-) -> tuple[WorkloadSpec, PlacementRequest]:
-    """The pod read once for launching: what to run, and where it may run."""
+) -> Translation:
+    """The pod read once for launching: what to run, where it may run, what was skipped."""
+    skipped: list[str] = []
     spec = to_workload(
         pod,
         secrets=secrets,
@@ -263,10 +285,11 @@ def to_request(
         node_name=node_name,
         host_ip=host_ip,
         attempt=attempt,
+        skipped=skipped,
     )
     metadata = mapping_field(pod, "metadata", "metadata")
     annotations = string_map_field(metadata, "annotations", "metadata.annotations")
-    return spec, placement_request(spec, annotations)
+    return Translation(spec, placement_request(spec, annotations), tuple(dict.fromkeys(skipped)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,14 +302,11 @@ class Held:
 
 
 def held_resources(pod: Mapping[str, Any]) -> Held:
-    """What the pod's container requests; a pod translation would refuse holds nothing."""
+    """What the pod requests (effective); a pod translation would refuse holds nothing."""
     try:
-        container = single_container(mapping_field(pod, "spec", "spec"))
-        resources = mapping_field(container, "resources", f"{CONTAINER}.resources")
-        return Held(
-            gpus=float(_gpu_count(resources)),
-            cpu=_cpu(resources),
-            memory_gib=_memory_bytes(resources) / 2**30,
-        )
+        total = _effective(*pod_containers(mapping_field(pod, "spec", "spec")))
     except InvalidPodSpec:
         return Held()
+    return Held(
+        gpus=float(total.gpus), cpu=float(total.cpu), memory_gib=float(total.memory) / 2**30
+    )

@@ -196,11 +196,17 @@ class KubeClient:
             )
         )
 
-    async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str | None], *, uid: str
+    async def patch_pod_metadata(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        annotations: Mapping[str, str | None],
+        labels: Mapping[str, str | None],
+        uid: str,
     ) -> JSON:
-        """Set (or, with None, remove) annotations, only on the pod with this UID."""
-        body = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
+        """Set (or, with None, remove) annotations and labels, only on the pod with this UID."""
+        body = {"metadata": {"uid": uid, "annotations": dict(annotations), "labels": dict(labels)}}
         return await _json(
             self.core.patch_namespaced_pod(
                 name,

@@ -1,0 +1,514 @@
+"""The Lambda adapter's view of its VMs, without a network: the state table edge by edge, the
+probe's text, the per-VM memory (simulated time), the agent's key and its registration.
+
+SSH itself is ``FakeVms`` here (``tests.contract.harness_lambda``); the same code paths run over
+real OpenSSH in ``test_lambda_ssh.py``. The HTTP API is the respx fake validated against the
+published OpenAPI document, SSH-key endpoints included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import shlex
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+from providers import sealed_env
+from providers.lambda_cloud.adapter import LambdaCloudProvider
+from providers.lambda_cloud.agentkey import KEY_FILE, AgentKey
+from providers.lambda_cloud.remote import (
+    ContainerState,
+    MalformedProbe,
+    VmReport,
+    logs_command,
+    parse_docker_time,
+    parse_probe,
+    probe_command,
+)
+from providers.lambda_cloud.ssh import VmTarget
+from providers.lambda_cloud.vmstate import verdict
+from tests.contract.harness_lambda import (
+    API_KEY,
+    FAILURES,
+    SSH_KEY,
+    FakeClock,
+    FakeLambda,
+    OpenAPIRequest,
+    make_provider,
+    openapi,
+)
+from tests.unit import canary
+from vk_provider.domain.errors import AuthFailed, Transient
+from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, WorkloadSpec
+from vk_provider.settings.secrets import ConfigError, SecretRef
+
+UID = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def fake(clock: FakeClock) -> FakeLambda:
+    return FakeLambda(clock=clock)
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "lambda-key"
+    path.write_text(API_KEY + "\n")
+    return path
+
+
+@pytest.fixture
+async def provider(fake: FakeLambda, clock: FakeClock, key_file: Path) -> Any:
+    adapter = make_provider(fake, clock, key_file, ssh_unreachable_seconds=600)
+    try:
+        yield adapter
+    finally:
+        await adapter.close()
+
+
+def ours(attempt: int = 0) -> list[dict[str, str]]:
+    return [
+        {"key": "vk-provider:managed", "value": "true"},
+        {"key": "vk-provider:provider", "value": "lambda-test"},
+        {"key": "vk-provider:pod-uid", "value": UID},
+        {"key": "vk-provider:request-id", "value": f"{UID}.{attempt}"},
+    ]
+
+
+def spec(**overrides: Any) -> WorkloadSpec:
+    fields: dict[str, Any] = {
+        "pod_uid": UID,
+        "namespace": "ns",
+        "pod_name": "p",
+        "container_name": "c",
+        "image": "img:1",
+        "gpu_count": 1,
+    }
+    fields.update(overrides)
+    return WorkloadSpec(**fields)
+
+
+def container(status: str, code: int = 0, **more: Any) -> VmReport:
+    return VmReport(phase="running", container=ContainerState(status, code, **more))
+
+
+# --- the state table, edge by edge -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("report", "state", "code", "words"),
+    [
+        (container("running"), InstanceState.RUNNING, None, ""),
+        (container("paused"), InstanceState.RUNNING, None, "paused"),
+        (container("restarting"), InstanceState.RUNNING, None, "restarting"),
+        (container("exited", 0), InstanceState.EXITED, 0, "exited with 0"),
+        (container("exited", 3), InstanceState.EXITED, 3, "exited with 3"),
+        (container("exited", 137, oom_killed=True), InstanceState.EXITED, 137, "OOMKilled"),
+        (container("dead", 1), InstanceState.EXITED, 1, "exited with 1"),
+        (container("removing", 2), InstanceState.EXITED, 2, "exited with 2"),
+        (container("created", 0, error="no gpu driver"), InstanceState.EXITED, 128, "no gpu"),
+        (container("created", 127, error="exec: not found"), InstanceState.EXITED, 127, "exec"),
+        (container("created"), InstanceState.PENDING, None, "starting"),
+        (
+            VmReport(phase="failed-start", phase_message="docker run exited with 125",
+                     start_error="pull access denied"),
+            InstanceState.EXITED, 125, "pull access denied",
+        ),
+        (
+            VmReport(phase="failed-start", phase_message="odd"),
+            InstanceState.EXITED, 125, "docker run failed",
+        ),
+        (
+            VmReport(phase="failed-host", phase_message="no NVIDIA GPU is usable"),
+            InstanceState.LOST, None, "no NVIDIA GPU",
+        ),
+        (VmReport(phase="running"), InstanceState.LOST, None, "vanished"),
+        (VmReport(phase="exited"), InstanceState.LOST, None, "vanished"),
+        (VmReport(phase="running", docker_error="Cannot connect"), None, None, "does not answer"),
+        (VmReport(), InstanceState.PENDING, None, "cloud-init"),
+        (VmReport(phase="setup", phase_message="installing Docker"),
+         InstanceState.PENDING, None, "installing Docker"),
+        (VmReport(phase="waiting-key"), InstanceState.PENDING, None, "secret environment"),
+        (VmReport(phase="pulling"), InstanceState.PENDING, None, "pulling"),
+        (VmReport(phase="starting"), InstanceState.PENDING, None, "starting"),
+        (VmReport(phase="setup", docker_error="Cannot connect"),
+         InstanceState.PENDING, None, "preparing"),
+        (VmReport(phase="hibernating", phase_message="zz"), InstanceState.PENDING, None, "zz"),
+    ],
+)  # fmt: skip
+def test_every_edge_of_the_state_table(
+    report: VmReport, state: InstanceState | None, code: int | None, words: str
+) -> None:
+    found = verdict(report)
+    assert (found.state, found.exit_code) == (state, code), found
+    assert words in found.message
+
+
+# --- the probe's text ------------------------------------------------------------------------
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_the_probe_output_is_parsed() -> None:
+    state = {"Status": "exited", "ExitCode": 3, "Error": "", "StartedAt": "0001-01-01T00:00:00Z",
+             "FinishedAt": "2026-12-01T10:00:00.123456789+02:00", "OOMKilled": False}  # fmt: skip
+    output = (
+        f"phase {_b64('exited the container exited with 3')}\n"
+        f"start-error -\ninspect 0 {_b64(json.dumps(state))}\nend\n"
+    )
+    report = parse_probe(output)
+    assert (report.phase, report.phase_message) == ("exited", "the container exited with 3")
+    assert report.container == ContainerState(
+        "exited", 3, finished_at=datetime(2026, 12, 1, 8, 0, 0, 123456, tzinfo=UTC)
+    )
+    missing = parse_probe(f"phase -\nstart-error -\ninspect 1 {_b64('Error: No such object')}\nend")
+    assert missing.container is None and missing.docker_error == ""
+    down = parse_probe(f"phase -\ninspect 1 {_b64('Cannot connect to the Docker daemon')}\nend")
+    assert "Cannot connect" in down.docker_error
+
+
+@pytest.mark.parametrize(
+    "output",
+    ["", "sudo: a password is required", "phase -\ninspect 0 e30=\n", "phase %%%\ninspect 0 -\nend",
+     "phase -\ninspect x -\nend", f"phase -\ninspect 0 {_b64('[1]')}\nend"],
+)  # fmt: skip
+def test_odd_probe_output_is_malformed(output: str) -> None:
+    with pytest.raises(MalformedProbe):
+        parse_probe(output)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-12-01T10:00:00Z", datetime(2026, 12, 1, 10, tzinfo=UTC)),
+        ("2026-12-01T10:00:00.5Z", datetime(2026, 12, 1, 10, 0, 0, 500000, tzinfo=UTC)),
+        ("0001-01-01T00:00:00Z", None),
+        ("yesterday", None),
+        (None, None),
+    ],
+)
+def test_docker_times(text: object, expected: datetime | None) -> None:
+    assert parse_docker_time(text) == expected
+
+
+def test_commands_quote_everything_and_carry_no_secret() -> None:
+    probe = probe_command(user="ubuntu", state_dir="/var/lib/it's", container="vk-a.0")
+    argv = shlex.split(probe)
+    assert argv[:4] == ["sudo", "-n", "sh", "-c"]
+    assert argv[-2:] == ["/var/lib/it's", "vk-a.0"]
+    assert probe_command(user="root", state_dir="/s", container="c").startswith("sh -c")
+    options = LogOptions(tail_lines=10, since_seconds=60, timestamps=True, follow=True)
+    logs = shlex.split(logs_command(user="root", container="vk-a.0", options=options))
+    assert logs[3:] == ["vk-logs", "vk-a.0", "--tail", "10", "--since", "60s", "--timestamps",
+                        "--follow"]  # fmt: skip
+    plain = shlex.split(logs_command(user="root", container="c", options=LogOptions()))
+    assert plain[3:] == ["vk-logs", "c"]
+
+
+# --- the per-VM memory -----------------------------------------------------------------------
+
+
+async def active(fake: FakeLambda, attempt: int = 0) -> str:
+    return fake.add_instance(tags=ours(attempt), status="active")
+
+
+async def test_a_vm_never_reached_is_pending_until_the_deadline_then_lost(
+    fake: FakeLambda, clock: FakeClock, provider: LambdaCloudProvider
+) -> None:
+    instance_id = await active(fake)
+    fake.vms.report(instance_id, Transient("connection refused"))
+    got = await provider.get(instance_id)  # never reached: no verdict to keep, so PENDING
+    assert got.state is InstanceState.PENDING and "waiting to reach it over SSH" in got.message
+    clock.now += 601
+    (listed,) = await provider.list_ours()
+    assert listed.state is InstanceState.LOST and "is port 22 open" in listed.message
+    fake.vms.report(instance_id, container("running"))
+    assert (await provider.get(instance_id)).state is InstanceState.LOST  # final
+
+
+async def test_a_vm_reached_before_keeps_its_state_in_polls_and_get_is_transient(
+    fake: FakeLambda, clock: FakeClock, provider: LambdaCloudProvider
+) -> None:
+    instance_id = await active(fake)
+    assert (await provider.get(instance_id)).state is InstanceState.RUNNING
+    fake.vms.report(instance_id, Transient("timed out"))
+    with pytest.raises(Transient, match="timed out"):
+        await provider.get(instance_id)
+    (listed,) = await provider.list_ours()
+    assert listed.state is InstanceState.RUNNING
+    assert "not reachable over SSH just now" in listed.message
+    clock.now += 601
+    assert (await provider.get(instance_id)).state is InstanceState.LOST
+
+
+async def test_an_exit_is_final_and_release_terminates_at_once(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    instance_id = await active(fake)
+    fake.vms.report(instance_id, container("exited", 3))
+    assert (await provider.get(instance_id)).exit_code == 3
+    fake.vms.report(instance_id, Transient("gone quiet"))
+    (listed,) = await provider.list_ours()
+    assert (listed.state, listed.exit_code) == (InstanceState.EXITED, 3)
+    probes = len(fake.vms.probes)
+    await provider.get(instance_id)
+    assert len(fake.vms.probes) == probes  # no more SSH for a finished container
+    await provider.delete(instance_id, grace_seconds=0)  # the agent's release
+    assert instance_id not in fake.instances
+    assert instance_id in fake.vms.forgotten
+
+
+async def test_the_passphrase_rides_only_the_probes_that_may_need_it(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    instance_id = await active(fake)
+    fake.vms.report(instance_id, VmReport(phase="waiting-key"))
+    await provider.get(instance_id)
+    fake.vms.report(instance_id, container("running"))
+    await provider.get(instance_id)
+    await provider.get(instance_id)
+    sent = [passphrase for target, passphrase in fake.vms.probes]
+    assert sent[0] is not None and len(sent[0]) == 64
+    assert sent[1] == sent[0]  # still due: the last probe saw the VM waiting
+    assert sent[2] is None  # the container exists: never again
+
+
+async def test_booting_terminating_and_gone_vms_are_not_probed(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    booting = fake.add_instance(tags=ours(0), status="booting")
+    terminating = fake.add_instance(tags=ours(1), status="terminating")
+    preempted = fake.add_instance(tags=ours(2), status="preempted")
+    states = {i.instance_id: i.state for i in await provider.list_ours()}
+    assert states == {
+        booting: InstanceState.PENDING,
+        terminating: InstanceState.TERMINATING,
+        preempted: InstanceState.LOST,
+    }
+    assert fake.vms.probes == []
+    assert {terminating, preempted} <= set(fake.vms.forgotten)
+
+
+async def test_a_poll_probes_concurrently_and_bounded(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    adapter = make_provider(fake, clock, key_file, ssh_concurrency=2)
+    ids = [await active(fake, attempt) for attempt in range(5)]
+    inside, most = 0, 0
+    release, two_inside = asyncio.Event(), asyncio.Event()
+    real_probe = fake.vms.probe
+
+    async def slow_probe(target: VmTarget, *, passphrase: str | None) -> VmReport:
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        if inside == 2:
+            two_inside.set()
+        await release.wait()
+        inside -= 1
+        return await real_probe(target, passphrase=passphrase)
+
+    fake.vms.probe = slow_probe  # type: ignore[method-assign]
+    try:
+        poll = asyncio.create_task(adapter.list_ours())
+        await asyncio.wait_for(two_inside.wait(), 10)
+        await asyncio.sleep(0.05)  # a third probe, were it allowed, would start now
+        release.set()
+        listed = await poll
+    finally:
+        await adapter.close()
+    assert most == 2
+    assert sorted(i.instance_id for i in listed) == sorted(ids)
+    assert len(fake.calls("list")) == 1
+
+
+async def test_close_closes_the_vm_connections(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    adapter = make_provider(fake, clock, key_file)
+    await adapter.close()
+    assert fake.vms.closed
+
+
+# --- the agent's key ------------------------------------------------------------------------
+
+
+def test_a_generated_key_is_kept_and_reused(tmp_path: Path) -> None:
+    first = AgentKey.load(reference=None, state_dir=tmp_path, provider="p")
+    second = AgentKey.load(reference=None, state_dir=tmp_path, provider="p")
+    assert first.public == second.public
+    assert (tmp_path / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / KEY_FILE).parent.stat().st_mode & 0o777 == 0o700
+    assert first.host_key("u.0").public == second.host_key("u.0").public
+    assert first.env_passphrase("u.0") == second.env_passphrase("u.0")
+    assert first.env_passphrase("u.0") != first.env_passphrase("u.1")
+    assert first.host_key("u.0").public != first.host_key("u.1").public
+    other = AgentKey.load(reference=None, state_dir=tmp_path, provider="q")
+    assert other.env_passphrase("u.0") != first.env_passphrase("u.0")  # per provider, too
+    text = (tmp_path / KEY_FILE).read_text()
+    assert text not in repr(first) and "PRIVATE" not in repr(first)
+    assert first.host_key("u.0").private_openssh not in repr(first.host_key("u.0"))
+
+
+@pytest.mark.parametrize("kind", ["openssh-ed25519", "pem-rsa"])
+def test_a_configured_key_is_used(tmp_path: Path, kind: str) -> None:
+    if kind == "openssh-ed25519":
+        key: Any = ed25519.Ed25519PrivateKey.generate()
+        text = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        )
+    else:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        text = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    path = tmp_path / "agent-key"
+    path.write_bytes(text)
+    reference = SecretRef.model_validate(f"file:{path}")
+    loaded = AgentKey.load(reference=reference, state_dir=None, provider="p")
+    expected = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    assert loaded.public == expected.decode()
+    assert not (tmp_path / "ssh").exists()
+
+
+def test_a_bad_key_names_its_reference_not_its_content(tmp_path: Path) -> None:
+    path = tmp_path / "agent-key"
+    path.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-key-CANARY\n")
+    with pytest.raises(ConfigError) as raised:
+        reference = SecretRef.model_validate(f"file:{path}")
+        AgentKey.load(reference=reference, state_dir=None, provider="p")
+    assert f"file:{path}" in str(raised.value) and "CANARY" not in str(raised.value)
+    with pytest.raises(ConfigError, match="no state directory"):
+        AgentKey.load(reference=None, state_dir=None, provider="p")
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"cannot (create|read) it"):
+        AgentKey.load(reference=None, state_dir=blocker, provider="p")
+
+
+# --- registration through the SSH-key API ---------------------------------------------------
+
+
+async def test_the_agents_key_is_registered_once_and_launches_name_it(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = next(o for o in await provider.offers() if o.sku == "gpu_1x_a10")
+    await provider.create(spec(), offer)
+    await provider.create(spec(attempt=1), offer)
+    (added,) = fake.calls("add-ssh-key")
+    body = json.loads(added.content)
+    assert body["name"] == SSH_KEY
+    assert body["public_key"].startswith("ssh-ed25519 ") and "PRIVATE" not in body["public_key"]
+    assert len(fake.calls("ssh-keys")) == 1  # once per process
+    assert [b["ssh_key_names"] for b in fake.launch_bodies] == [[SSH_KEY], [SSH_KEY]]
+    document = openapi()
+    assert document is not None
+    for request in fake.requests:
+        document.validate_request(OpenAPIRequest(request))
+
+
+async def test_a_key_of_that_name_with_our_public_key_is_used_as_it_is(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    public = provider._agent_key.public
+    fake.add_ssh_key(SSH_KEY, f"{public} someone@laptop")  # same key, another comment
+    offer = next(o for o in await provider.offers() if o.sku == "gpu_1x_a10")
+    await provider.create(spec(), offer)
+    assert fake.calls("add-ssh-key") == []
+
+
+async def test_a_key_of_that_name_with_another_public_key_blocks_the_provider(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    fake.add_ssh_key(SSH_KEY, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOtherKeyOtherKeyOtherKey ops")
+    offer = next(o for o in await provider.offers() if o.sku == "gpu_1x_a10")
+    with pytest.raises(AuthFailed, match="another public key than the agent's") as raised:
+        await provider.create(spec(), offer)
+    assert "ssh_private_key" in str(raised.value)
+    assert "AAAA" not in str(raised.value)
+    assert fake.calls("launch") == []
+
+
+async def test_a_refused_add_looks_again_before_giving_up(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = next(o for o in await provider.offers() if o.sku == "gpu_1x_a10")
+    fake.fail("add-ssh-key", *FAILURES["invalid"][:2])
+    with pytest.raises(AuthFailed, match="refused the agent's SSH key"):
+        await provider.create(spec(), offer)
+    assert len(fake.calls("ssh-keys")) == 2
+    # Someone (another agent process) added our key between our look and our add: fine.
+    fake.add_ssh_key(SSH_KEY, provider._agent_key.public)
+    fake.fail("ssh-keys", 200, {"data": []})  # the first look does not see it yet
+    await provider.create(spec(), offer)
+    assert fake.calls("add-ssh-key")[-1:] and len(fake.calls("launch")) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error"),
+    [(401, FAILURES["auth"][1], AuthFailed), (503, FAILURES["transient"][1], Transient)],
+)
+async def test_ssh_key_api_errors_land_in_their_class(
+    fake: FakeLambda, provider: LambdaCloudProvider, status: int, body: Any, error: type
+) -> None:
+    offer = next(o for o in await provider.offers() if o.sku == "gpu_1x_a10")
+    fake.fail("ssh-keys", status, body, times=None)
+    with pytest.raises(error):
+        await provider.create(spec(), offer)
+    assert fake.calls("launch") == []
+
+
+# --- secrets ---------------------------------------------------------------------------------
+
+
+async def test_no_secret_in_any_form_is_in_the_launch_request(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    offer = next(o for o in await provider.offers() if o.sku == "gpu_1x_a10")
+    workload = spec(
+        env=(EnvVar("HF_TOKEN", canary.SECRET, secret=True), EnvVar("KEY", canary.KEY, True))
+    )
+    await provider.create(workload, offer)
+    (launch,) = fake.calls("launch")
+    raw = launch.content.decode()
+    user_data = json.loads(raw)["user_data"]
+    for text in (raw, user_data):
+        assert not canary.leaks(text, [canary.SECRET, canary.KEY])
+        for value in (canary.SECRET, canary.KEY):
+            for form in (value, value + "\n"):
+                assert base64.b64encode(form.encode()).decode() not in text
+    passphrase = provider._agent_key.env_passphrase(workload.request_id)
+    assert passphrase not in raw
+    # ...but the VM can open it with the passphrase it gets over SSH.
+    sealed = [line for line in user_data.splitlines() if line.strip().startswith("U2FsdGVkX1")]
+    assert sealed, "no sealed file in user_data"
+
+
+def test_sealing_is_deterministic_and_never_reuses_a_key_stream() -> None:
+    one = sealed_env.seal(b"A=1\n", "p" * 64)
+    assert one == sealed_env.seal(b"A=1\n", "p" * 64)
+    two = sealed_env.seal(b"A=2\n", "p" * 64)
+    assert one[8:16] != two[8:16]  # another salt: another key and IV
+    assert sealed_env.unseal(two, "p" * 64) == b"A=2\n"
+    with pytest.raises(ValueError, match="passphrase"):
+        sealed_env.seal(b"x", "")
