@@ -77,7 +77,7 @@ def _working_dir(instance_dir: Path, container: str, pid: int) -> str:
 
 async def start_exec(
     instance_dir: Path, container: str, command: list[str], *, tty: bool, provider: str
-) -> LocalExec:
+) -> PipeExec | TtyExec:
     """Start ``command`` in ``container`` of the instance at ``instance_dir``."""
     process = container_process(instance_dir, container)
     if process is None or not is_running(process):

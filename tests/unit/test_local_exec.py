@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -20,12 +21,24 @@ from pathlib import Path
 
 import pytest
 
+from providers.local.adapter import LocalProvider
 from providers.local.exec import LocalExec, start_exec
 from providers.local.portforward import declared_ports, open_local_port
 from providers.local.processes import ProcessRecord, start_ticks
 from providers.local.usage import instance_usage
 from tests.helpers import wait_for
+from tests.unit.test_local_provider import (  # noqa: F401 - state_dir is a fixture
+    collect,
+    make_config,
+    offer,
+    state_dir,
+    wait_state,
+)
+from vk_provider.domain.containers import ContainerSpec
+from vk_provider.domain.contract import ExecSession
+from vk_provider.domain.envvar import EnvVar, Port
 from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
+from vk_provider.domain.models import InstanceState, LogOptions, WorkloadSpec
 
 
 class Programs:
@@ -108,7 +121,7 @@ async def run(
     return session
 
 
-async def collect(session: LocalExec) -> tuple[bytes, bytes, int]:
+async def collect_output(session: LocalExec) -> tuple[bytes, bytes, int]:
     out, err = bytearray(), bytearray()
     async with asyncio.timeout(30):
         async for fd, chunk in session.output():
@@ -125,7 +138,7 @@ async def test_exec_runs_with_the_containers_env_and_working_dir(
     session = await run(
         instance, sessions, ["sh", "-c", 'echo "$GREETING"; pwd; echo oops >&2; exit 3']
     )
-    out, err, code = await collect(session)
+    out, err, code = await collect_output(session)
     assert out == f"hello from main\n{instance / 'work-main'}\n".encode()
     assert err == b"oops\n"
     assert code == 3
@@ -138,7 +151,7 @@ async def test_exec_stdin_reaches_the_command_until_closed(
     await session.write_stdin(b"hello ")
     await session.write_stdin(b"world\n")
     await session.close_stdin()
-    assert await collect(session) == (b"hello world\n", b"", 0)
+    assert await collect_output(session) == (b"hello world\n", b"", 0)
 
 
 async def test_exec_on_a_terminal_resizes_and_sees_a_tty(
@@ -149,7 +162,7 @@ async def test_exec_on_a_terminal_resizes_and_sees_a_tty(
     )
     await session.resize(100, 30)
     await session.write_stdin(b"abc\n")
-    out, err, code = await collect(session)
+    out, err, code = await collect_output(session)
     text = out.decode()
     assert "30 100" in text
     assert "/dev/pts/" in text
@@ -163,7 +176,7 @@ async def test_exec_on_a_terminal_ends_input_with_eof(
     session = await run(instance, sessions, ["cat"], tty=True)
     await session.write_stdin(b"line\n")
     await session.close_stdin()
-    out, _, code = await collect(session)
+    out, _, code = await collect_output(session)
     assert b"line" in out and code == 0
 
 
@@ -171,7 +184,7 @@ async def test_a_command_killed_by_a_signal_exits_128_plus_n(
     instance: Path, sessions: list[LocalExec]
 ) -> None:
     session = await run(instance, sessions, ["sh", "-c", "kill -TERM $$"])
-    assert (await collect(session))[2] == 128 + signal.SIGTERM
+    assert (await collect_output(session))[2] == 128 + signal.SIGTERM
 
 
 async def test_an_unknown_executable_is_named(instance: Path) -> None:
@@ -222,7 +235,7 @@ async def test_a_background_child_does_not_hold_the_session_open(
     instance: Path, sessions: list[LocalExec]
 ) -> None:
     session = await run(instance, sessions, ["sh", "-c", "sleep 300 & echo started"])
-    out, _, code = await collect(session)  # ends with the command, not with the sleep
+    out, _, code = await collect_output(session)  # ends with the command, not with the sleep
     assert (out, code) == (b"started\n", 0)
 
 
@@ -283,3 +296,85 @@ async def test_a_declared_port_is_forwarded_to_127_0_0_1(
     finally:
         server.close()
         await server.wait_closed()
+
+
+# --------------------------------------------------------------------------- the real pod runner
+
+SERVE = (
+    "import os, socket, time\n"
+    "server = socket.create_server(('127.0.0.1', int(os.environ['PORT'])))\n"
+    "print('up', flush=True)\n"
+    "while True:\n"
+    "    connection, _ = server.accept()\n"
+    "    connection.sendall(b'hello from ' + os.environ['WHO'].encode())\n"
+    "    connection.close()\n"
+)
+
+
+async def test_exec_usage_and_port_forward_of_a_pod_the_runner_runs(
+    state_dir: Path,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    provider = LocalProvider(make_config(), state_dir=state_dir)
+    assert provider.capabilities.exec and provider.capabilities.port_forward
+    assert provider.capabilities.usage
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    app = ContainerSpec(
+        name="app",
+        image="ignored",
+        command=(sys.executable, "-c", SERVE),
+        env=(EnvVar("PORT", str(port)), EnvVar("WHO", "app")),
+        ports=(Port(port),),
+        working_dir=str(workdir),
+    )
+    side = ContainerSpec(name="side", image="ignored", command=("sleep", "300"))
+    spec = WorkloadSpec(
+        pod_uid="exec-pod",
+        namespace="default",
+        pod_name="p",
+        container_name="app",
+        image="ignored",
+        containers=(app, side),
+    )
+    created = await provider.create(spec, await offer(provider))
+    await wait_state(provider, created.instance_id, InstanceState.RUNNING, timeout=20)
+
+    async def app_up() -> bool:
+        logs = await collect(provider.logs(created.instance_id, LogOptions(container="app")))
+        return b"up\n" in logs
+
+    await wait_for(app_up, timeout=20, interval=0.05, what="the app to listen")
+
+    session = await provider.exec(
+        created.instance_id, "app", ["sh", "-c", "echo $WHO; pwd"], tty=False
+    )
+    try:
+        assert await collect_exec(session) == (f"app\n{workdir}\n".encode(), b"", 0)
+    finally:
+        await session.close()
+
+    measured = {u.name: u for u in await provider.usage(created.instance_id)}
+    assert set(measured) == {"app", "side"}
+    assert all(u.cpu_core_nanoseconds > 0 and u.memory_working_set_bytes > 0
+               for u in measured.values())  # fmt: skip
+
+    stream = await provider.open_port(created.instance_id, port)
+    try:
+        assert await stream.read(100) == b"hello from app"
+    finally:
+        await stream.close()
+    with pytest.raises(NotFound):
+        await provider.exec("local-nope-0", "app", ["true"], tty=False)
+    await provider.delete(created.instance_id, grace_seconds=0)
+
+
+async def collect_exec(session: ExecSession) -> tuple[bytes, bytes, int]:
+    out, err = bytearray(), bytearray()
+    async with asyncio.timeout(30):
+        async for fd, chunk in session.output():
+            (out if fd == 1 else err).extend(chunk)
+        return bytes(out), bytes(err), await session.wait()
