@@ -354,9 +354,7 @@ async def test_kubectl_top_pod_and_node(
         fields = answer.stdout.split()
         return fields if answer.returncode == 0 and fields[:1] == ["busy"] else None
 
-    _, cpu, memory = await wait_for(
-        top_pod, timeout=180, interval=2, what="kubectl top pod busy"
-    )
+    _, cpu, memory = await wait_for(top_pod, timeout=180, interval=2, what="kubectl top pod busy")
     assert cpu.endswith("m") and int(cpu[:-1]) > 0, cpu
     assert memory.endswith("Mi") and int(memory[:-2]) > 0, memory
 

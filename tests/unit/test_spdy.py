@@ -1,4 +1,4 @@
-"""SPDY/3.1 framing and the server session (``vk_provider.api.spdy``).
+"""SPDY/3.1 framing and the server session (``api/spdy.py``, ``api/spdy_session.py``).
 
 The golden bytes below were written by ``moby/spdystream``'s framer (v0.5.1, the one
 client-go's SPDY executor and kubectl use): three SYN_STREAMs whose header blocks share one
@@ -17,7 +17,6 @@ import pytest
 from tests.unit.spdy_client import SpdyClientCodec
 from vk_provider.api.spdy import (
     DICTIONARY,
-    READ_HIGH_WATER,
     ControlFrame,
     DataFrame,
     FrameParser,
@@ -25,9 +24,9 @@ from vk_provider.api.spdy import (
     HeaderCompressor,
     HeaderDecompressor,
     ProtocolError,
-    SpdySession,
     encode_control,
 )
+from vk_provider.api.spdy_session import READ_HIGH_WATER, SpdySession
 
 GO_FRAMES = bytes.fromhex(
     "80030001000000290000000100000000000078f9e3c6a7c26260606004a7b392a2d4c45c6851c29a0a0a68"

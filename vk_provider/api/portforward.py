@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from vk_provider.api.spdy import SpdySession, SpdyStream
+from vk_provider.api.spdy_session import SpdySession, SpdyStream
 from vk_provider.domain.contract import PortStream
 
 log = logging.getLogger(__name__)

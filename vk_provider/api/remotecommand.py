@@ -29,7 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from vk_provider.api.spdy import SpdySession, SpdyStream
+from vk_provider.api.spdy_session import SpdySession, SpdyStream
 from vk_provider.domain.contract import ExecSession
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ executor, protocols v5..v1 offered) and a WebSocket port-forward is unwrapped in
 it tunnels (``TunnelingHandler``); a SPDY client is proxied as it is. Either way the kubelet
 gets ``POST`` (or ``GET``) with ``Connection: Upgrade``, ``Upgrade: SPDY/3.1`` and
 ``X-Stream-Protocol-Version`` headers, answers ``101`` with the version it chose, and the
-connection is SPDY from then on (``api/spdy.py``); ``api/remotecommand.py`` and
+connection is SPDY from then on (``api/spdy.py``, ``api/spdy_session.py``);
+``api/remotecommand.py`` and
 ``api/portforward.py`` speak the channels.
 
 Paths, as kubelet's ``server.go``: ``/exec/{ns}/{pod}/{container}``,
@@ -39,7 +40,7 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from vk_provider.api import portforward, remotecommand
-from vk_provider.api.spdy import SpdySession
+from vk_provider.api.spdy_session import SpdySession
 
 log = logging.getLogger(__name__)
 
