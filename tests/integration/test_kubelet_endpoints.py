@@ -199,6 +199,37 @@ def read_until(fd: int, wanted: bytes, *, timeout: float) -> bytes:
     return seen
 
 
+TICK = [
+    PY,
+    "-c",
+    "import time\nn = 0\nwhile True:\n"
+    "    n += 1\n    print('tick', n, flush=True)\n    time.sleep(0.3)\n",
+]
+
+
+async def test_attach_follows_the_containers_output(
+    agents: AgentHarness,
+    control_plane: LocalCluster,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    node_link: netns.VethNamespace,
+    kubectl: Commands,
+) -> None:
+    agent = await running_agent(agents, control_plane, api, node_link)
+    await running_pod(kube, api, namespace, pod_on(agent.node, "ticker", command=TICK, gpus=0))
+    attached = kubectl.start(
+        "attach", "-n", namespace, "ticker", "-c", "main",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert attached.stdout is not None
+    lines = [attached.stdout.readline() for _ in range(2)]
+    assert all(line.startswith("tick ") for line in lines), lines
+    first, second = (int(line.split()[1]) for line in lines)
+    assert second == first + 1  # live output, in order
+    assert attached.poll() is None
+
+
 async def test_exec_on_a_provider_without_it_says_why(
     agents: AgentHarness,
     control_plane: LocalCluster,
