@@ -19,9 +19,11 @@ Invariants:
   place (``observe.py``), which also escalates an overdue termination to SIGKILL.
 - SIGTERM goes to the runner, which stops the containers (app containers first, then the
   sidecars), as a kubelet stops a pod; SIGKILL goes to every process group of the pod.
-- A scan of the state dir (``list_ours``, ``offers``, the capacity check of ``create``)
-  forgets instances it finds TERMINATED by removing their directory, and ``delete`` of an
-  instance that no longer runs removes its directory; ``get`` then raises ``NotFound``. The
+- ``list_ours`` scans the state dir (and forgets instances it finds TERMINATED by removing
+  their directory); ``offers`` and the capacity check of ``create`` look only at the indexed
+  active instances (of the offer's sku, for a create), so a create costs the same however
+  many instances exist. ``delete`` of an instance that no longer runs removes its
+  directory; ``get`` then raises ``NotFound``. The
   logs of a released instance stay until it is deleted once more (the agent does that when
   the pod goes), so `kubectl logs` works for completed pods.
 """
@@ -141,6 +143,10 @@ class LocalProvider:
         self._offers: dict[str, SimulatedOffer] = {offer.sku: offer for offer in config.offers}
         # Injectable so tests decide which creates the failure rate fails.
         self._rng = rng if rng is not None else random.Random()  # noqa: S311 - not crypto
+        # Instance id -> sku of every instance that may still hold capacity: built by the
+        # first scan, kept by create and release, pruned by each look. So a create's capacity
+        # check observes only its sku's instances, never the whole state dir.
+        self._index: dict[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -325,7 +331,7 @@ class LocalProvider:
         if configured is None or offer.provider != self.name:
             raise CapacityUnavailable(f"no offer {offer.key} here", provider=self.name)
         self._inject_create_failure()
-        if self._active_by_sku().get(configured.sku, 0) >= configured.capacity:
+        if self._active_by_sku(configured.sku).get(configured.sku, 0) >= configured.capacity:
             raise CapacityUnavailable(
                 f"offer {offer.key} is at capacity ({configured.capacity} running)",
                 provider=self.name,
@@ -337,6 +343,8 @@ class LocalProvider:
 
     def _release(self, directory: Path) -> None:
         """Forget a finished instance, keeping its containers' logs for a later `logs` call."""
+        if self._index is not None:
+            self._index.pop(directory.name, None)
         retained = self._retained(directory.name)
         shutil.rmtree(retained, ignore_errors=True)
         names = container_names(directory)
@@ -438,14 +446,18 @@ class LocalProvider:
             raise Transient(f"cannot start the local runner: {exc}", provider=self.name) from exc
         record = dataclasses.replace(record, process=process)
         write_json(directory / INSTANCE_FILE, record.to_json())
+        if self._index is not None:
+            self._index[record.instance_id] = record.sku
         log.info("started %s for pod %s (pid %d)", directory.name, spec.pod_uid, process.pid)
         instance = observe(directory, provider=self.name)
         assert instance is not None  # we just wrote it
         return instance
 
     def _scan(self) -> list[tuple[Record, Instance]]:
-        """Every instance in one directory scan; TERMINATED ones are forgotten on the way."""
+        """Every instance in one directory scan; TERMINATED ones are forgotten on the way.
+        Rebuilds the index (another process may have made or removed instances)."""
         found: list[tuple[Record, Instance]] = []
+        index: dict[str, str] = {}
         for directory in sorted(self._state_dir.iterdir()):
             if not INSTANCE_ID.fullmatch(directory.name) or not directory.is_dir():
                 continue
@@ -457,11 +469,24 @@ class LocalProvider:
                 self._release(directory)
                 continue
             found.append((record, instance))
+            if instance.state in _ACTIVE:
+                index[record.instance_id] = record.sku
+        self._index = index
         return found
 
-    def _active_by_sku(self) -> dict[str, int]:
+    def _active_by_sku(self, sku: str | None = None) -> dict[str, int]:
+        """Active instances per sku (only ``sku``'s when given), from the index: each one
+        indexed is looked at (ended ones leave the index), nothing else is read."""
+        if self._index is None:
+            self._scan()
+        assert self._index is not None
         counts: dict[str, int] = {}
-        for record, instance in self._scan():
-            if instance.state in _ACTIVE:
-                counts[record.sku] = counts.get(record.sku, 0) + 1
+        for instance_id, indexed in list(self._index.items()):
+            if sku is not None and indexed != sku:
+                continue
+            instance = observe(self._state_dir / instance_id, provider=self.name)
+            if instance is None or instance.state not in _ACTIVE:
+                self._index.pop(instance_id, None)
+                continue
+            counts[indexed] = counts.get(indexed, 0) + 1
         return counts

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 from typer.testing import CliRunner, Result
 
-from tests.unit.test_rest_api import AUTH, SECRET_TOKEN, RaisingAuth, build_world
+from tests.unit.test_rest_api import AUTH, OPEN_FLIP, SECRET_TOKEN, RaisingAuth, build_world
 from vk_provider.api.rest import RestServer
 from vk_provider.cli.app import app
 from vk_provider.cli.client import (
@@ -35,6 +35,7 @@ from vk_provider.cli.client import (
     format_age,
     format_price,
     offers_table,
+    overflow_table,
     pods_table,
     print_table,
     providers_table,
@@ -152,6 +153,49 @@ async def test_pods_prints_a_table(api_url: str) -> None:
     pending = line_with(result.stdout, "infer-1")
     assert "Pending" in pending and pending.rstrip().endswith("-")
     assert "3 pods, $23.8000/h in all" in result.stdout
+
+
+async def test_overflow_prints_the_state_and_the_numbers() -> None:
+    world = await build_world()
+    world.knobs.overflow = OPEN_FLIP
+    server = RestServer(app=world.app(), host="127.0.0.1", port=0)
+    await server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        result = await run_cli("overflow", "--url", url, "--token", SECRET_TOKEN)
+        as_json = await run_cli("overflow", "--url", url, "--token", SECRET_TOKEN, "-o", "json")
+        world.knobs.overflow = None
+    finally:
+        await server.stop()
+    assert result.exit_code == 0, result.output
+    assert line_with(result.stdout, "state").split() == ["state", "open"]
+    assert "virtual-kubelet.io/provider=vk-provider:PreferNoSchedule" in result.stdout
+    assert line_with(result.stdout, "own GPUs").split()[2:] == [
+        "32",
+        "of",
+        "32",
+        "requested,",
+        "0",
+        "free",
+    ]
+    assert line_with(result.stdout, "signal").split() == ["signal", "ok"]
+    assert json.loads(as_json.stdout)["state"] == "open"
+
+
+def test_overflow_table_of_a_disabled_flip_and_a_lost_signal() -> None:
+    table = overflow_table({"enabled": False})
+    assert "overflow.enabled is false" in render(table)
+    lost = overflow_table(
+        {
+            "enabled": True,
+            "state": "closed",
+            "signal_ok": False,
+            "signal_error": "query 'x': ConnectError",
+            "needed_free_gpus": 1,
+            "transitions": 0,
+        }
+    )
+    assert "UNAVAILABLE: query 'x': ConnectError" in render(lost)
 
 
 @pytest.mark.parametrize("command", ["providers", "pods", "offers"])

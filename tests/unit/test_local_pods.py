@@ -25,7 +25,7 @@ from tests.unit.test_local_provider import (  # noqa: F401 - state_dir is a fixt
     wait_state,
 )
 from vk_provider.domain.containers import ContainerSpec, ContainerState, ContainerStatus
-from vk_provider.domain.errors import NotFound
+from vk_provider.domain.errors import CapacityUnavailable, NotFound
 from vk_provider.domain.models import Instance, InstanceState, LogOptions, WorkloadSpec
 
 PY = sys.executable
@@ -375,3 +375,33 @@ def test_capabilities_say_whole_pods_and_agent_probes(state_dir: Path) -> None: 
     caps = LocalProvider(make_config(), state_dir=state_dir).capabilities
     assert caps.multi_container and caps.init_containers and caps.sidecars
     assert caps.probes == "agent" and caps.previous_logs
+
+
+async def test_a_create_looks_only_at_its_offers_instances(
+    state_dir: Path,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import providers.local.adapter as adapter
+
+    local = LocalProvider(make_config(), state_dir=state_dir)
+    cpu = await offer(local, "cpu")
+    sleeper = [c("app", "import time; time.sleep(60)")]
+    for uid in ("a", "b"):
+        await local.create(pod(sleeper, uid=uid), cpu)
+    looked: list[str] = []
+    real = adapter.observe
+
+    def counting(directory: Path, *, provider: str) -> Instance | None:
+        looked.append(directory.name)
+        return real(directory, provider=provider)
+
+    monkeypatch.setattr(adapter, "observe", counting)
+    gpu = await offer(local, "a100")
+    looked.clear()
+    await local.create(pod(sleeper, uid="gpu"), gpu)
+    # Its own directory (twice: the idempotency look and the answer), no other instance.
+    assert set(looked) == {"local-gpu-0"}
+    looked.clear()
+    with pytest.raises(CapacityUnavailable):  # the cpu offer's two slots are taken
+        await local.create(pod(sleeper, uid="c"), cpu)
+    assert set(looked) == {"local-c-0", "local-a-0", "local-b-0"}  # not the GPU instance

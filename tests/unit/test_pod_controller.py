@@ -276,3 +276,33 @@ async def test_no_capacity_instance_is_not_created_twice_for_one_attempt() -> No
         await core.until(lambda: core.phase("once") == "Running", what="Running")
         await asyncio.sleep(60)
     assert len(provider.instances()) == 1
+
+
+async def test_a_controlled_pod_nothing_can_run_is_failed_after_the_limit() -> None:
+    core = Core(
+        memory_provider("full", gpu_offer(capacity=0)), intervals={"unplaceable_fail_seconds": 120}
+    )
+    owned = pod_manifest("owned")
+    owned["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "name": "rs",
+            "uid": "rs-1",
+            "controller": True,
+        }
+    ]
+    async with core.running():
+        await core.kube.create_pod(owned)
+        await core.kube.create_pod(pod_manifest("bare"))
+        started = asyncio.get_running_loop().time()
+        await core.until(lambda: core.phase("owned") == "Failed", within=600, what="owned Failed")
+        elapsed = asyncio.get_running_loop().time() - started
+        await asyncio.sleep(300)
+    assert 120 <= elapsed <= 120 + 320  # the first retry past the limit (back-off at most 300 s)
+    status = core.kube.pod("ns", "owned")["status"]  # type: ignore[index]
+    assert status["reason"] == "NoCapacity"
+    assert "no provider could run this pod for 120s" in status["message"]
+    assert "recreates it" in status["message"]
+    # A bare pod has nobody to recreate it: it keeps waiting.
+    assert core.phase("bare") == "Pending"

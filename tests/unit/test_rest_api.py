@@ -36,10 +36,12 @@ from vk_provider.api.rest_auth import StaticTokenAuth, TokenReviewAuth
 from vk_provider.api.view import AgentView, Readiness
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.offers import OfferBook
+from vk_provider.controllers.overflow import OverflowView
 from vk_provider.domain.breaker import BreakerState, CircuitBreaker
 from vk_provider.domain.budget import BudgetCaps, BudgetLedger
 from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
 from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
+from vk_provider.domain.overflow import OverflowState, Reading
 from vk_provider.domain.podview import PodPlacement
 from vk_provider.kube.client import KubeClient
 
@@ -51,7 +53,14 @@ SINCE = datetime(2025, 1, 31, 9, 0, tzinfo=UTC)
 THRESHOLD = 3
 COOLDOWN = 30.0
 
-V1_ROUTES = ("/v1/providers", "/v1/providers/alpha", "/v1/offers", "/v1/pods", "/v1/spend")
+V1_ROUTES = (
+    "/v1/providers",
+    "/v1/providers/alpha",
+    "/v1/offers",
+    "/v1/pods",
+    "/v1/spend",
+    "/v1/overflow",
+)
 
 
 # --------------------------------------------------------------------------- fakes
@@ -173,6 +182,7 @@ class Knobs:
     readiness: Readiness = field(default_factory=lambda: Readiness(ready=True, reasons=()))
     placements_error: Exception | None = None
     overdue: list[tuple[str, str]] = field(default_factory=list)
+    overflow: OverflowView | None = None
 
 
 @dataclass
@@ -243,6 +253,7 @@ async def build_world() -> World:
         placements=placements,
         readiness=lambda: knobs.readiness,
         overdue=lambda: knobs.overdue,
+        overflow=lambda: knobs.overflow,
         clock=clock,
     )
     metrics.attach(view)
@@ -451,6 +462,7 @@ V1_ROUTES = {
     "/v1/offers": ("offers", "list"),
     "/v1/pods": ("pods", "list"),
     "/v1/spend": ("spend", "get"),
+    "/v1/overflow": ("overflow", "get"),
 }
 
 
@@ -940,3 +952,76 @@ async def test_overdue_terminations_are_counted_per_provider(
     text = (await client.get("/metrics")).text
     assert 'vk_provider_terminations_overdue{provider="alpha"} 2.0' in text
     assert 'vk_provider_terminations_overdue{provider="gamma"} 0.0' in text
+
+
+# --------------------------------------------------------------------------- overflow
+
+OPEN_FLIP = OverflowView(
+    state=OverflowState.OPEN,
+    since=datetime(2026, 12, 1, 10, 2, 11, tzinfo=UTC),
+    signal_ok=True,
+    signal_error="",
+    reading=Reading(allocatable=32, requested=32, unscheduled=5),
+    last_evaluation=datetime(2026, 12, 1, 10, 5, 1, tzinfo=UTC),
+    needed_free_gpus=1,
+    full_for_seconds=None,
+    free_for_seconds=None,
+    taint={
+        "key": "virtual-kubelet.io/provider",
+        "value": "vk-provider",
+        "effect": "PreferNoSchedule",
+    },
+    transitions=1,
+)
+
+
+async def test_overflow_says_open_since_when_and_the_numbers(
+    world: World, client: httpx.AsyncClient
+) -> None:
+    world.knobs.overflow = OPEN_FLIP
+    response = await client.get("/v1/overflow", headers=AUTH)
+    assert response.status_code == 200
+    assert response.json() == {
+        "enabled": True,
+        "state": "open",
+        "since": "2026-12-01T10:02:11Z",
+        "signal_ok": True,
+        "signal_error": "",
+        "reading": {"allocatable": 32.0, "requested": 32.0, "free": 0.0, "unscheduled": 5.0},
+        "last_evaluation": "2026-12-01T10:05:01Z",
+        "needed_free_gpus": 1,
+        "full_for_seconds": None,
+        "free_for_seconds": None,
+        "taint": {
+            "key": "virtual-kubelet.io/provider",
+            "value": "vk-provider",
+            "effect": "PreferNoSchedule",
+        },
+        "transitions": 1,
+    }
+    exposition = (await client.get("/metrics")).text
+    assert sample(exposition, "vk_provider_overflow_open") == 1
+    assert sample(exposition, "vk_provider_overflow_signal_up") == 1
+    assert sample(exposition, 'vk_provider_overflow_own_gpus{kind="unscheduled"}') == 5
+
+
+async def test_overflow_before_the_first_evaluation_and_when_disabled(world: World) -> None:
+    async with client_for(world.app()) as http:
+        waiting = (await http.get("/v1/overflow", headers=AUTH)).json()
+    assert (waiting["enabled"], waiting["state"], waiting["reading"]) == (True, None, None)
+    disabled = AgentView(
+        providers={},
+        provider_types={},
+        offers=OfferBook({}, ttl_seconds=30),
+        ledger=BudgetLedger(BudgetCaps()),
+        placements=list,
+        readiness=lambda: Readiness(ready=True, reasons=()),
+    )
+    metrics = Metrics()
+    metrics.attach(disabled)
+    app = build_app(view=disabled, metrics=metrics, auth=StaticTokenAuth(SECRET_TOKEN))
+    async with client_for(app) as http:
+        body = (await http.get("/v1/overflow", headers=AUTH)).json()
+        exposition = (await http.get("/metrics")).text
+    assert body["enabled"] is False and body["state"] is None
+    assert "vk_provider_overflow_open" not in exposition

@@ -19,6 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from vk_provider.api.view import AgentView
+from vk_provider.controllers.overflow import OverflowView
+from vk_provider.domain.overflow import OverflowState
 
 PREFIX = "vk_provider"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -63,6 +65,12 @@ class Metrics:
             ["provider"],
             registry=self.registry,
         )
+        self.overflow_transitions = Counter(
+            f"{PREFIX}_overflow_transitions",
+            "Transitions of the overflow flip, by the state entered (open, closed).",
+            ["to"],
+            registry=self.registry,
+        )
         self.lease_renewal_failures = Counter(
             f"{PREFIX}_lease_renewal_failures",
             "Node Lease renewals that failed or were skipped because no provider answered.",
@@ -90,6 +98,14 @@ class Metrics:
 
     def instance_terminated(self, provider: str, reason: str) -> None:
         self.orphans_terminated.labels(provider).inc()
+
+    # --- OverflowObserver -------------------------------------------------------------------
+
+    def overflow_evaluated(self, view: OverflowView) -> None:
+        return None  # the gauges are read from the view at scrape time
+
+    def overflow_transition(self, to: OverflowState) -> None:
+        self.overflow_transitions.labels(to.value).inc()
 
     def attach(self, view: AgentView) -> None:
         self.registry.register(_StateCollector(view))
@@ -179,3 +195,41 @@ class _StateCollector(Collector):
             spent.add_metric([row.provider, row.namespace], row.accumulated)
         yield spend_rate
         yield spent
+
+        flip = self._view.overflow()
+        if flip is None:
+            return
+        is_open = GaugeMetricFamily(
+            f"{PREFIX}_overflow_open",
+            "Whether the overflow flip is open (1: the node takes overflow) or closed (0).",
+        )
+        is_open.add_metric([], 1.0 if flip.state is OverflowState.OPEN else 0.0)
+        yield is_open
+        signal_up = GaugeMetricFamily(
+            f"{PREFIX}_overflow_signal_up",
+            "Whether the last reading of the GPU signal from Prometheus worked.",
+        )
+        signal_up.add_metric([], 1.0 if flip.signal_ok else 0.0)
+        yield signal_up
+        if flip.reading is not None:
+            own = GaugeMetricFamily(
+                f"{PREFIX}_overflow_own_gpus",
+                "Own GPUs in the last reading: allocatable, requested, free, unscheduled demand.",
+                labels=["kind"],
+            )
+            r = flip.reading
+            for kind, value in (
+                ("allocatable", r.allocatable),
+                ("requested", r.requested),
+                ("free", r.free),
+                ("unscheduled", r.unscheduled),
+            ):
+                own.add_metric([kind], value)
+            yield own
+        if flip.last_evaluation is not None:
+            last = GaugeMetricFamily(
+                f"{PREFIX}_overflow_last_evaluation_timestamp_seconds",
+                "When the overflow flip last evaluated (Unix time).",
+            )
+            last.add_metric([], flip.last_evaluation.timestamp())
+            yield last

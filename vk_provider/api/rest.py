@@ -1,4 +1,5 @@
-"""The agent's REST API (PRODUCT.md §8): providers, offers, pods, spend, health and metrics.
+"""The agent's REST API (PRODUCT.md §8): providers, offers, pods, spend, overflow, health and
+metrics.
 
 ``build_app`` makes a FastAPI application that reads only from an ``AgentView`` (frozen
 snapshots of the running agent) and a ``Metrics`` registry; ``RestServer`` runs it with
@@ -43,6 +44,7 @@ from vk_provider.api.schemas import (
     ErrorBody,
     ErrorDetail,
     OfferOut,
+    OverflowOut,
     PodOut,
     ProviderDetail,
     ProviderSummary,
@@ -251,6 +253,17 @@ def build_app(
     )
     async def get_spend() -> SpendReport:
         return spend_report(view)
+
+    @app.get(
+        "/v1/overflow",
+        response_model=OverflowOut,
+        dependencies=may(resource("overflow", "get")),
+        responses=_AUTH_RESPONSES,
+        tags=["overflow"],
+        summary="The overflow flip: open or closed, since when, the numbers behind it",
+    )
+    async def get_overflow() -> OverflowOut:
+        return OverflowOut.of(view.overflow(), enabled=view.overflow_enabled)
 
     @app.get(
         "/healthz",

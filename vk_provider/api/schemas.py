@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vk_provider.api.view import AgentView, ProviderStatus
+from vk_provider.controllers.overflow import OverflowView
 from vk_provider.domain.models import Offer
 from vk_provider.domain.podview import PodPlacement
 
@@ -261,6 +262,102 @@ class SpendReport(_Model):
     providers: list[ProviderSpend] = Field(description="Per provider, by name.")
     namespaces: list[NamespaceSpend] = Field(description="Per namespace, by name.")
     entries: list[SpendEntry] = Field(description="Per provider and namespace.")
+
+
+class OverflowReadingOut(_Model):
+    allocatable: float = Field(description="GPUs the own nodes have.")
+    requested: float = Field(description="GPUs requested by Pending/Running pods on them.")
+    free: float = Field(description="Own GPUs free (allocatable - requested, at least 0).")
+    unscheduled: float = Field(description="GPUs wanted by pods no node has taken yet.")
+
+
+class OverflowTaintOut(_Model):
+    key: str = Field(description="Taint key.")
+    value: str = Field(description="Taint value.")
+    effect: str = Field(description="NoSchedule while closed, PreferNoSchedule while open.")
+
+
+class OverflowOut(_Model):
+    model_config = ConfigDict(
+        frozen=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "enabled": True,
+                    "state": "open",
+                    "since": "2026-12-01T10:02:11Z",
+                    "signal_ok": True,
+                    "signal_error": "",
+                    "reading": {"allocatable": 32, "requested": 32, "free": 0, "unscheduled": 5},
+                    "last_evaluation": "2026-12-01T10:05:01Z",
+                    "needed_free_gpus": 1,
+                    "full_for_seconds": 170.0,
+                    "free_for_seconds": None,
+                    "taint": {
+                        "key": "virtual-kubelet.io/provider",
+                        "value": "vk-provider",
+                        "effect": "PreferNoSchedule",
+                    },
+                    "transitions": 1,
+                }
+            ]
+        },
+    )
+
+    enabled: bool = Field(description="Whether this agent runs the overflow flip.")
+    state: Literal["open", "closed"] | None = Field(
+        description="open: the node takes overflow; closed: only pods tolerating its taint."
+    )
+    since: datetime | None = Field(description="Last transition (kept across restarts).")
+    signal_ok: bool | None = Field(description="Whether the last reading of the signal worked.")
+    signal_error: str = Field(description="Why the signal could not be read, if it could not.")
+    reading: OverflowReadingOut | None = Field(description="The last successful reading.")
+    last_evaluation: datetime | None = Field(description="When the flip last evaluated.")
+    needed_free_gpus: int | None = Field(description="Free own GPUs that count as enough.")
+    full_for_seconds: float | None = Field(description="How long the own GPUs have been full.")
+    free_for_seconds: float | None = Field(description="How long enough own GPUs are free.")
+    taint: OverflowTaintOut | None = Field(description="The overflow taint as it is now.")
+    transitions: int = Field(description="Transitions made since this agent started.")
+
+    @classmethod
+    def of(cls, view: OverflowView | None, *, enabled: bool) -> OverflowOut:
+        if view is None:
+            return cls(
+                enabled=enabled,
+                state=None,
+                since=None,
+                signal_ok=None,
+                signal_error="",
+                reading=None,
+                last_evaluation=None,
+                needed_free_gpus=None,
+                full_for_seconds=None,
+                free_for_seconds=None,
+                taint=None,
+                transitions=0,
+            )
+        r = view.reading
+        return cls(
+            enabled=enabled,
+            state="open" if view.state.value == "open" else "closed",
+            since=view.since,
+            signal_ok=view.signal_ok,
+            signal_error=view.signal_error,
+            reading=None
+            if r is None
+            else OverflowReadingOut(
+                allocatable=r.allocatable,
+                requested=r.requested,
+                free=r.free,
+                unscheduled=r.unscheduled,
+            ),
+            last_evaluation=view.last_evaluation,
+            needed_free_gpus=view.needed_free_gpus,
+            full_for_seconds=view.full_for_seconds,
+            free_for_seconds=view.free_for_seconds,
+            taint=OverflowTaintOut(**view.taint),
+            transitions=view.transitions,
+        )
 
 
 class ReadinessOut(_Model):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.offers import OfferBook
+from vk_provider.controllers.overflow import OverflowView
 from vk_provider.domain.budget import BudgetLedger
 from vk_provider.domain.models import Offer
 from vk_provider.domain.podview import PodPlacement
@@ -60,8 +61,10 @@ class AgentView:
         placements: Callable[[], list[PodPlacement]],
         readiness: Callable[[], Readiness],
         overdue: Callable[[], Sequence[tuple[str, str]]] = tuple,
+        overflow: Callable[[], OverflowView | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._overflow = overflow  # None: the flip is not enabled in this agent
         self._providers = dict(providers)
         self._types = dict(provider_types)
         self._offers = offers
@@ -127,3 +130,10 @@ class AgentView:
 
     def readiness(self) -> Readiness:
         return self._readiness()
+
+    @property
+    def overflow_enabled(self) -> bool:
+        return self._overflow is not None
+
+    def overflow(self) -> OverflowView | None:
+        return self._overflow() if self._overflow is not None else None

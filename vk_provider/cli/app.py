@@ -12,7 +12,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -30,6 +30,7 @@ from vk_provider.cli.client import (
     RestClientError,
     check_token,
     offers_table,
+    overflow_table,
     pods_table,
     print_table,
     providers_table,
@@ -292,8 +293,8 @@ def _query_api(
     token: str | None,
     token_file: Path | None,
     output: OutputFormat,
-    fetch: Callable[[RestClient], list[dict[str, Any]]],
-    render: Callable[[Sequence[dict[str, Any]]], Table],
+    fetch: Callable[[RestClient], Any],
+    render: Callable[[Any], Table],
     nothing: str,
 ) -> None:
     """The shared body of the query commands: resolve the token, fetch, print."""
@@ -386,6 +387,25 @@ def pods_command(
         fetch=lambda client: client.pods(),
         render=pods_table,
         nothing="the agent runs no pods",
+    )
+
+
+@app.command("overflow")
+def overflow_command(
+    url: str = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    token_file: Path | None = TOKEN_FILE_OPTION,
+    output: OutputFormat = OUTPUT_OPTION,
+) -> None:
+    """Show a running agent's overflow flip: open or closed, since when, and why."""
+    _query_api(
+        url=url,
+        token=token,
+        token_file=token_file,
+        output=output,
+        fetch=lambda client: client.overflow(),
+        render=overflow_table,
+        nothing="",
     )
 
 

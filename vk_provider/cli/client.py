@@ -131,7 +131,23 @@ class RestClient:
     def pods(self) -> list[JSONObject]:
         return self._get_list("/v1/pods")
 
+    def overflow(self) -> JSONObject:
+        where = f"the vk-provider REST API at {self.url}"
+        data = self._get("/v1/overflow")
+        if not isinstance(data, dict):
+            raise ApiFailed(f"{where} answered /v1/overflow with unexpected JSON (not an object)")
+        return data
+
     def _get_list(self, path: str, params: Mapping[str, str] | None = None) -> list[JSONObject]:
+        data = self._get(path, params)
+        if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+            raise ApiFailed(
+                f"the vk-provider REST API at {self.url} answered {path} with unexpected JSON "
+                "(not a list)"
+            )
+        return data
+
+    def _get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         where = f"the vk-provider REST API at {self.url}"
         try:
             response = self._http.get(path, params=params)
@@ -153,12 +169,9 @@ class RestClient:
                 f"{where} answered {response.status_code} for {path}: {_error_message(response)}"
             )
         try:
-            data = response.json()
+            return response.json()
         except ValueError:
             raise ApiFailed(f"{where} answered {path} with something that is not JSON") from None
-        if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
-            raise ApiFailed(f"{where} answered {path} with unexpected JSON (not a list)")
-        return data
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -319,6 +332,42 @@ def pods_table(pods: Sequence[Mapping[str, Any]], *, now: datetime | None = None
             _text(_since(pod.get("since"), moment)),
         )
     table.caption = f"{len(pods)} pods, {format_price(total)} in all"
+    return table
+
+
+def overflow_table(flip: Mapping[str, Any], *, now: datetime | None = None) -> Table:
+    """``GET /v1/overflow`` as a table of fields: the state, why, and the numbers behind it."""
+    moment = now or datetime.now(UTC)
+    table = _table(("FIELD", "l"), ("VALUE", "l"))
+    if not flip.get("enabled"):
+        table.add_row(_text("enabled"), _text("no (overflow.enabled is false)"))
+        return table
+    state = str(flip.get("state") or "unknown")
+    table.add_row(_text("state"), _text(state, "bold green" if state == "open" else "bold"))
+    table.add_row(_text("since"), _text(_since(flip.get("since"), moment)))
+    taint = flip.get("taint") or {}
+    table.add_row(
+        _text("taint"),
+        _text(f"{taint.get('key')}={taint.get('value')}:{taint.get('effect')}" if taint else "-"),
+    )
+    signal = "ok" if flip.get("signal_ok") else f"UNAVAILABLE: {flip.get('signal_error')}"
+    table.add_row(_text("signal"), _text(signal, "" if flip.get("signal_ok") else "bold red"))
+    reading = flip.get("reading")
+    if isinstance(reading, Mapping):
+        table.add_row(
+            _text("own GPUs"),
+            _text(
+                f"{_number(reading.get('requested'))} of {_number(reading.get('allocatable'))} "
+                f"requested, {_number(reading.get('free'))} free"
+            ),
+        )
+        table.add_row(_text("unscheduled GPUs"), _text(_number(reading.get("unscheduled"))))
+    table.add_row(_text("enough free to close"), _text(f"{flip.get('needed_free_gpus')} GPU(s)"))
+    for key, label in (("full_for_seconds", "full for"), ("free_for_seconds", "free for")):
+        if flip.get(key) is not None:
+            table.add_row(_text(label), _text(format_age(flip.get(key))))
+    table.add_row(_text("last evaluation"), _text(_since(flip.get("last_evaluation"), moment)))
+    table.add_row(_text("transitions"), _text(flip.get("transitions")))
     return table
 
 

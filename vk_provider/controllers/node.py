@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.domain.node import (
     build_node,
+    gpu_label_patch,
+    gpu_labels,
     merged_taints,
     node_capacity,
     node_labels,
@@ -58,8 +60,12 @@ class NodeController:
         on_lease_failure: Callable[[], None] = lambda: None,
         responsive: Callable[[float], set[str]] | None = None,
         held: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0),
+        flip_taint: JSON | None = None,
     ) -> None:
         self._held = held
+        # With the overflow flip on, its taint is the flip's: set (closed) only on a node that
+        # has none with its key, never re-asserted here (controllers.overflow owns it).
+        self._flip_taint = flip_taint
         self._on_lease_failure = on_lease_failure
         # Which providers answered any call lately; default: their offers calls.
         self._responsive = responsive or (lambda within: offers.responsive(within))
@@ -82,12 +88,24 @@ class NodeController:
         # not flap the node, a dead set of providers must stop the Lease).
         return bool(self._responsive(3 * self._intervals.lease_seconds + 30))
 
+    def _our_taints(self) -> list[JSON]:
+        """The configured taints this controller keeps asserting (not the flip's)."""
+        flip_key = self._flip_taint["key"] if self._flip_taint else None
+        return [dict(t) for t in self._config.taint_objects() if t["key"] != flip_key]
+
+    def _taints(self, current: list[JSON]) -> list[JSON]:
+        taints = merged_taints(current, self._our_taints())
+        flip = self._flip_taint
+        if flip is not None and not any(t.get("key") == flip["key"] for t in taints):
+            taints.append(dict(flip))  # a node new to the flip starts closed
+        return taints
+
     async def register(self) -> None:
         existing = await self._kube.get_node(self.name)
         if existing is None:
             try:
                 existing = await self._kube.create_node(
-                    build_node(self._config.name, self._config.labels, self._config.taint_objects())
+                    build_node(self._config.name, self._config.labels, self._taints([]))
                 )
                 log.info("registered node %s", self.name)
             except ConflictError:
@@ -98,7 +116,7 @@ class NodeController:
                 self.name,
                 {
                     "metadata": {"labels": node_labels(self.name, self._config.labels)},
-                    "spec": {"taints": merged_taints(current, self._config.taint_objects())},
+                    "spec": {"taints": self._taints(current)},
                 },
             )
             self._node_uid = existing["metadata"]["uid"]
@@ -110,6 +128,10 @@ class NodeController:
         answering = self._providers_answer()
         resources = node_capacity(self._offers.cached(), self._config.caps, self._held())
         previous = await self._kube.get_node(self.name)
+        labels = ((previous or {}).get("metadata") or {}).get("labels") or {}
+        patch = gpu_label_patch(labels, gpu_labels(self._offers.cached()))
+        if previous is not None and patch:
+            await self._kube.patch_node(self.name, {"metadata": {"labels": patch}})
         status = node_status(
             resources=resources,
             ready=answering,

@@ -56,6 +56,7 @@ class PodMemory:
     prefer: str | None = None  # offer to try first after a 429 / 5xx
     waiting: bool = False  # unplaceable: kicked when room appears
     explanation: str = ""  # why it was placed where it is (kept on the pod)
+    unplaceable_since: datetime | None = None  # first failed placement of this pod, since
 
 
 class Placer:
@@ -243,6 +244,7 @@ class Placer:
         """
         instance, offer = result.instance, result.offer
         assert instance is not None and offer is not None
+        memory.unplaceable_since = None
         updated = await self._record_placed(pod, memory, instance, offer.key, offer.price_per_hour)
         if previous is not None and previous.instance_id != instance.instance_id:
             try:
@@ -270,6 +272,12 @@ class Placer:
         previous: Instance | None,
     ) -> None:
         memory.waiting = True
+        now = self._now()
+        since = memory.unplaceable_since = memory.unplaceable_since or now
+        limit = self._intervals.unplaceable_fail_seconds
+        if pod.controlled and limit is not None and (now - since).total_seconds() >= limit:
+            await self._nowhere_to_go(pod, result, limit)
+            return
         delay = self._queue.add_rate_limited(pod.key, cap=self._intervals.retry_backoff_max_seconds)
         event = explain.unplaceable(
             request,
@@ -294,3 +302,18 @@ class Placer:
             last=terminated_of(previous, now=self._now()),
         )
         await self._write.status(pod, view)
+
+    async def _nowhere_to_go(self, pod: PodView, result: LaunchResult, limit: float) -> None:
+        """No provider could run a controlled pod for ``limit`` seconds: Failed (NoCapacity),
+        so its controller makes a new pod and the scheduler chooses a node again."""
+        message = (
+            f"no provider could run this pod for {limit:.0f}s "
+            f"(offers removed {result.placement.explain()}); failing it so that its controller "
+            "recreates it and the scheduler chooses again"
+        )
+        event = explain.Event(explain.WARNING, explain.NO_CAPACITY, message)
+        await self._write.event(pod, event)
+        view = waiting_view(pod, explain.NO_CAPACITY, message)
+        await self._write.status(
+            pod, view, phase="Failed", reason=explain.NO_CAPACITY, message=message
+        )

@@ -190,6 +190,14 @@ class PodController:
         placed = (PodPlacement.of(PodView.parse(pod)) for pod in self._store.values())
         return [p for p in placed if p is not None]
 
+    def gpu_requests(self) -> list[float]:
+        """GPUs each live pod on the node requests (the flip's "enough free to go home")."""
+        return [
+            held_resources(raw).gpus
+            for raw in self._store.values()
+            if not PodView.parse(raw).terminal
+        ]
+
     def held_resources(self) -> tuple[float, float, float]:
         """GPUs, vCPUs and GiB requested by the node's live, placed pods (node capacity)."""
         total = Held()

@@ -10,6 +10,7 @@ Invariants: capacity never goes negative and never exceeds the caps; a condition
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -166,6 +167,46 @@ def build_node(name: str, labels: Mapping[str, str], taints: list[JSON]) -> JSON
         "metadata": {"name": name, "labels": node_labels(name, labels)},
         "spec": {"taints": list(taints)},
     }
+
+
+# The labels GPU feature discovery puts on GPU nodes, and ours per offered model, so that
+# node affinities on GPU models work against the virtual node (PRODUCT.md §12).
+GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_MODEL_LABEL_PREFIX = "gpu.vk-provider.io/"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _label_safe(text: str) -> str:
+    return _UNSAFE.sub("-", text).strip("-_.")[:63]
+
+
+def gpu_labels(offers: Iterable[Offer]) -> dict[str, str]:
+    """``gpu.vk-provider.io/<model>=true`` for every GPU model offered, GFD's
+    ``nvidia.com/gpu.present=true`` when any is, and ``nvidia.com/gpu.product`` only when the
+    node offers exactly one model (a node offering several cannot say one product)."""
+    models = sorted(
+        {_label_safe(o.gpu_model) for o in offers if o.gpu_model and o.gpu_count > 0} - {""}
+    )
+    labels = {GPU_MODEL_LABEL_PREFIX + model: "true" for model in models}
+    if models:
+        labels[GPU_PRESENT_LABEL] = "true"
+    if len(models) == 1:
+        labels[GPU_PRODUCT_LABEL] = models[0]
+    return labels
+
+
+def gpu_label_patch(current: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, str | None]:
+    """The metadata.labels merge patch that makes the GPU labels ``wanted`` (others untouched);
+    empty when nothing changes."""
+    ours = {
+        k
+        for k in current
+        if k.startswith(GPU_MODEL_LABEL_PREFIX) or k in (GPU_PRESENT_LABEL, GPU_PRODUCT_LABEL)
+    }
+    patch: dict[str, str | None] = {k: None for k in ours - set(wanted)}
+    patch.update({k: v for k, v in wanted.items() if current.get(k) != v})
+    return patch
 
 
 def merged_taints(current: list[JSON], ours: list[JSON]) -> list[JSON]:

@@ -27,6 +27,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 
 JSON = dict[str, Any]
 _MERGE = "application/merge-patch+json"
+_STRATEGIC = "application/strategic-merge-patch+json"
 _TIMEOUT = 30.0
 LEASE_NAMESPACE = "kube-node-lease"
 
@@ -297,6 +298,15 @@ class KubeClient:
             self.core.create_node(dict(node), _preload_content=False, _request_timeout=_TIMEOUT)
         )
 
+    async def delete_node(self, name: str) -> None:
+        """Delete the Node (gone already is fine)."""
+        try:
+            await _json(
+                self.core.delete_node(name, _preload_content=False, _request_timeout=_TIMEOUT)
+            )
+        except NotFoundError:
+            return
+
     async def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON:
         return await _json(
             self.core.patch_node(
@@ -309,11 +319,13 @@ class KubeClient:
         )
 
     async def patch_node_status(self, name: str, status: Mapping[str, Any]) -> JSON:
+        """A strategic merge: conditions merge by type, so the node controller's and the
+        overflow flip's conditions never overwrite each other."""
         return await _json(
             self.core.patch_node_status(
                 name,
                 {"status": dict(status)},
-                _content_type=_MERGE,
+                _content_type=_STRATEGIC,
                 _preload_content=False,
                 _request_timeout=_TIMEOUT,
             )

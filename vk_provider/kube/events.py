@@ -1,4 +1,4 @@
-"""Kubernetes Events about pods, with the reasons of PRODUCT.md §6.
+"""Kubernetes Events about pods (and the virtual node), with the reasons of PRODUCT.md §6.
 
 Repeats of the same (pod, reason, message) within ten minutes bump the existing Event's
 ``count`` instead of creating a new object, as client-go's recorder does.
@@ -52,9 +52,13 @@ class EventRecorder:
         self._recent: dict[tuple[str, str, str], tuple[str, int, float]] = {}
 
     async def record(self, pod: dict[str, Any], kind: str, reason: str, message: str) -> None:
-        """Record a ``Normal`` or ``Warning`` event about ``pod``."""
+        """Record a ``Normal`` or ``Warning`` event about ``pod`` (or a Node: its Events go to
+        the ``default`` namespace, as a kubelet's do)."""
         metadata = pod.get("metadata") or {}
-        namespace = str(metadata.get("namespace", "default"))
+        object_kind = str(pod.get("kind") or "Pod")
+        namespace = (
+            "default" if object_kind == "Node" else str(metadata.get("namespace", "default"))
+        )
         uid = str(metadata.get("uid", ""))
         key = (uid, reason, message)
         now = datetime.now(UTC)
@@ -76,12 +80,12 @@ class EventRecorder:
                 },
                 "involvedObject": {
                     "apiVersion": "v1",
-                    "kind": "Pod",
+                    "kind": object_kind,
                     "name": metadata.get("name"),
-                    "namespace": namespace,
                     "uid": uid,
                     "resourceVersion": metadata.get("resourceVersion"),
-                },
+                }
+                | ({} if object_kind == "Node" else {"namespace": namespace}),
                 "reason": reason,
                 "message": message,
                 "type": kind,

@@ -37,8 +37,10 @@ from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.launch import Launcher
 from vk_provider.controllers.node import NodeController, default_address
 from vk_provider.controllers.offers import OfferBook
+from vk_provider.controllers.overflow import OverflowController
 from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.podwatch import PodStore, PodWatch
+from vk_provider.controllers.prometheus import PrometheusSignal
 from vk_provider.controllers.reconcile import Reconciler
 from vk_provider.domain.breaker import CircuitBreaker
 from vk_provider.domain.budget import BudgetLedger
@@ -102,6 +104,7 @@ class Agent:
     metrics: Metrics
     view: AgentView
     rest_api: RestServer
+    overflow: OverflowController | None = None
 
     @classmethod
     async def create(
@@ -225,6 +228,14 @@ class Agent:
                 name for name, p in guarded.items() if p.answered_within(within)
             },
             held=pods.held_resources,
+            flip_taint=flip_taint(config),
+        )
+        overflow = overflow_controller(
+            config,
+            kube,
+            events=EventRecorder(kube, node_name=config.node.name),
+            pods=pods,
+            observer=metrics,
         )
 
         def readiness() -> Readiness:
@@ -243,6 +254,7 @@ class Agent:
             placements=pods.placements,
             readiness=readiness,
             overdue=lambda: reconciler.overdue,
+            overflow=overflow.view if overflow is not None else None,
         )
         metrics.attach(view)
         rest_cfg = config.rest
@@ -271,6 +283,7 @@ class Agent:
             metrics,
             view,
             rest_api,
+            overflow,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -287,16 +300,19 @@ class Agent:
             log.info(
                 "node %s registered; kubelet API on port %d", self.node.name, self.kubelet_api.port
             )
+            roots = {
+                "rest-api": self.rest_api.serve,
+                "kubelet-api": self.kubelet_api.serve,
+                "node-lease": self.node.run_lease_loop,
+                "node-status": self.node.run_status_loop,
+                "pod-watch": self.watch.run,
+                "reconcile": self.reconciler.run,
+                "pod-workers": self.pods.run_workers,
+            }
+            if self.overflow is not None:
+                roots["overflow"] = self.overflow.run
             await supervise(
-                {
-                    "rest-api": self.rest_api.serve,
-                    "kubelet-api": self.kubelet_api.serve,
-                    "node-lease": self.node.run_lease_loop,
-                    "node-status": self.node.run_status_loop,
-                    "pod-watch": self.watch.run,
-                    "reconcile": self.reconciler.run,
-                    "pod-workers": self.pods.run_workers,
-                },
+                roots,
                 stop,
                 before_cancel=self.pods.queue.close,
             )
@@ -306,6 +322,9 @@ class Agent:
                 await asyncio.wait_for(self.kubelet_api.stop(), SHUTDOWN_SECONDS)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.rest_api.stop(), SHUTDOWN_SECONDS)
+            if self.overflow is not None:
+                with contextlib.suppress(Exception):
+                    await self.overflow.close()
             for provider in self.providers.values():
                 with contextlib.suppress(Exception):
                     await provider.close()
@@ -316,6 +335,47 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return address == "localhost"
+
+
+def flip_taint(config: AgentConfig) -> dict[str, str] | None:
+    """The overflow taint as a closed flip sets it; None when the flip is off."""
+    flip = config.overflow
+    if not flip.enabled:
+        return None
+    return {"key": flip.taint_key, "value": flip.taint_value, "effect": "NoSchedule"}
+
+
+def overflow_controller(
+    config: AgentConfig,
+    kube: KubeClient,
+    *,
+    events: EventRecorder,
+    pods: PodController,
+    observer: Metrics,
+) -> OverflowController | None:
+    flip = config.overflow
+    if not flip.enabled:
+        return None
+    prometheus = flip.prometheus
+    signal_source = PrometheusSignal(
+        prometheus.url,
+        flip.queries.to_queries(),
+        token=prometheus.bearer_token.resolve() if prometheus.bearer_token else None,
+        ca_file=prometheus.ca_file,
+        timeout=prometheus.timeout_seconds,
+    )
+    return OverflowController(
+        kube,
+        node_name=config.node.name,
+        signal=signal_source,
+        policy=flip.policy(),
+        taint_key=flip.taint_key,
+        taint_value=flip.taint_value,
+        interval=flip.interval_seconds,
+        events=events,
+        gpu_requests=pods.gpu_requests,
+        observer=observer,
+    )
 
 
 def default_state_dir(config: AgentConfig) -> Path:

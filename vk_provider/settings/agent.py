@@ -22,6 +22,7 @@ from pydantic import Field, SerializeAsAny, ValidationError, field_validator, mo
 from vk_provider.domain.budget import BudgetCaps
 from vk_provider.domain.node import NodeCaps
 from vk_provider.domain.placement import PlacementPolicy
+from vk_provider.settings.overflow import OverflowConfig
 from vk_provider.settings.providers import ProviderSettings
 from vk_provider.settings.secrets import ConfigError, SecretRef, Strict
 
@@ -130,6 +131,14 @@ class IntervalsConfig(Strict):
         le=86400,
         description="A termination the provider has not confirmed after this long is overdue: "
         "reconciliation asks again, with back-off, and counts it.",
+    )
+    unplaceable_fail_seconds: float | None = Field(
+        300,
+        gt=0,
+        le=86400,
+        description="A pod with a controller owner that no provider can run for this long is "
+        "failed (reason NoCapacity) so its controller recreates it and the scheduler chooses "
+        "again; null: such pods wait for ever.",
     )
 
 
@@ -253,6 +262,23 @@ class AgentConfig(Strict):
     placement: PlacementConfig = Field(
         default_factory=PlacementConfig, description="Ranking and failover."
     )
+    overflow: OverflowConfig = Field(
+        default_factory=OverflowConfig,
+        description="The overflow flip (PRODUCT.md §12): the node takes the cluster's overflow "
+        "while its own GPUs are full.",
+    )
+
+    @model_validator(mode="after")
+    def _overflow_taint(self) -> AgentConfig:
+        if not self.overflow.enabled:
+            return self
+        for index, taint in enumerate(self.node.taints):
+            if taint.key == self.overflow.taint_key and taint.effect == "NoExecute":
+                raise ValueError(
+                    f"node.taints[{index}].effect: the overflow taint must never be NoExecute "
+                    "(it would evict every pod on the node at once)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _unique_providers(self) -> AgentConfig:

@@ -1,0 +1,91 @@
+"""Configuration of the overflow flip (``overflow:``, PRODUCT.md §12).
+
+The flip opens the virtual node to the cluster's overflow while its own GPUs are full and
+closes it when they are free again, reading both from Prometheus. Off unless
+``enabled: true``; every field has a default that fits the rules shipped in
+``deploy/prometheus/flip-rules.yaml``.
+
+Invariants: the overflow taint can never be configured with effect NoExecute (it would evict
+every pod at once); a Prometheus URL is http(s) with a host; credentials are references.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator
+
+from vk_provider.domain.overflow import OverflowPolicy, OverflowQueries
+from vk_provider.settings.secrets import SecretRef, Strict
+
+
+class PrometheusConfig(Strict):
+    url: str = Field(
+        "http://prometheus-operated.monitoring.svc:9090",
+        description="Base URL of the Prometheus HTTP API (…/api/v1/query is appended).",
+    )
+    bearer_token: SecretRef | None = Field(
+        None, description="Bearer token for Prometheus (env:VAR or file:/path); none."
+    )
+    ca_file: str | None = Field(None, description="CA bundle for an https URL; system CAs.")
+    timeout_seconds: float = Field(5, gt=0, le=60, description="Per-query timeout.")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value.rstrip("/")
+
+
+class QueriesConfig(Strict):
+    """PromQL returning one number each; defaults are the shipped recording rules."""
+
+    allocatable: str = Field(
+        "flip:own_gpu_allocatable:sum", description="GPUs the own nodes have (allocatable)."
+    )
+    requested: str = Field(
+        "flip:own_gpu_requested:sum",
+        description="GPUs requested by Pending/Running pods bound to the own nodes.",
+    )
+    unscheduled: str = Field(
+        "flip:unscheduled_gpu_requested:sum",
+        description="GPUs requested by pods no node has taken yet (shown, not decisive).",
+    )
+
+    def to_queries(self) -> OverflowQueries:
+        return OverflowQueries(self.allocatable, self.requested, self.unscheduled)
+
+
+class OverflowConfig(Strict):
+    enabled: bool = Field(False, description="Run the overflow flip in this agent.")
+    prometheus: PrometheusConfig = Field(
+        default_factory=PrometheusConfig, description="Where the GPU-usage signal comes from."
+    )
+    queries: QueriesConfig = Field(default_factory=QueriesConfig, description="The signal.")
+    taint_key: str = Field(
+        "virtual-kubelet.io/provider", description="Key of the overflow taint (owned by the flip)."
+    )
+    taint_value: str = Field("vk-provider", description="Value of the overflow taint.")
+    interval_seconds: float = Field(5, gt=0, le=300, description="How often to evaluate.")
+    open_after_seconds: float = Field(
+        10, ge=0, le=3600, description="Own GPUs full this long: open the overflow."
+    )
+    close_after_seconds: float = Field(
+        60, ge=0, le=86400, description="Enough own GPUs free this long: close it."
+    )
+    close_min_free_gpus: int | None = Field(
+        None,
+        ge=1,
+        le=100000,
+        description="Free own GPUs that count as enough to close; default the smallest GPU "
+        "request among the virtual node's pods (at least 1).",
+    )
+
+    def policy(self) -> OverflowPolicy:
+        return OverflowPolicy(
+            open_after=self.open_after_seconds,
+            close_after=self.close_after_seconds,
+            close_min_free_gpus=self.close_min_free_gpus,
+        )
