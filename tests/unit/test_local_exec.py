@@ -34,7 +34,7 @@ from tests.unit.test_local_provider import (  # noqa: F401 - state_dir is a fixt
     state_dir,
     wait_state,
 )
-from vk_provider.domain.containers import ContainerSpec
+from vk_provider.domain.containers import ContainerSpec, ContainerUsage
 from vk_provider.domain.contract import ExecSession
 from vk_provider.domain.envvar import EnvVar, Port
 from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
@@ -249,10 +249,14 @@ async def test_usage_reports_each_running_container_of_the_instance(
     busy = [sys.executable, "-c", "import time\nend=time.time()+300\nwhile time.time()<end: pass"]
     lay_out(directory, programs, {"busy": busy, "idle": ["sh", "-c", "sleep 300 & wait"]})
     first = {u.name: u for u in instance_usage(directory)}
-    await asyncio.sleep(0.3)
-    second = {u.name: u for u in instance_usage(directory)}
+
+    async def grown() -> dict[str, ContainerUsage] | None:
+        now = {u.name: u for u in instance_usage(directory)}
+        busy_cpu = now["busy"].cpu_core_nanoseconds
+        return now if busy_cpu > first["busy"].cpu_core_nanoseconds else None
+
+    second = await wait_for(grown, timeout=30, interval=0.05, what="the busy container's CPU")
     assert set(second) == {"busy", "idle"}
-    assert second["busy"].cpu_core_nanoseconds > first["busy"].cpu_core_nanoseconds
     assert second["idle"].cpu_core_nanoseconds > 0  # schedstat: even an idle program has some
     # The idle container is a tree (sh and its sleep): both are resident.
     assert second["idle"].memory_working_set_bytes > 0

@@ -129,10 +129,11 @@ class Agent:
         if is_loopback(address):
             log.warning(
                 "node %s advertises the loopback address %s: the API server refuses to proxy "
-                "to it (nodes/proxy, and so metrics-server and kubectl top); set node.address "
-                "to an address the API server reaches",
+                "nodes/%s/proxy to it, and only a metrics-server on this machine could scrape "
+                "it; set node.address to an address the API server and metrics-server reach",
                 config.node.name,
                 address,
+                config.node.name,
             )
         if api_cfg.tls_cert_file and api_cfg.tls_key_file:
             cert, key = api_cfg.tls_cert_file, api_cfg.tls_key_file

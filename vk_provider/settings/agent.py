@@ -61,8 +61,8 @@ class NodeConfig(Strict):
     address: str = Field(
         "",
         description="InternalIP to advertise; default the kubelet API's listen address (this "
-        "host's when it listens on all). The API server refuses to proxy nodes/proxy, and so "
-        "kubectl top, to a loopback address: use one it reaches.",
+        "host's when it listens on all). The API server refuses to proxy nodes/<node>/proxy "
+        "to a loopback address, and metrics-server scrapes this address: use one they reach.",
     )
 
     @property
