@@ -150,26 +150,21 @@ class FakeKube:
             raise ConflictError(409, "Precondition failed: UID in precondition")
         return pod
 
-    async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> JSON:
-        self._count("patch_status")
-        pod = self._existing(namespace, name)
-        _merge(pod.setdefault("status", {}), status)
-        await self._record("MODIFIED", pod)
-        return copy.deepcopy(pod)
-
-    async def patch_pod_metadata(
+    async def patch_pod_status(
         self,
         namespace: str,
         name: str,
+        status: Mapping[str, Any],
         *,
-        annotations: Mapping[str, str | None],
-        labels: Mapping[str, str | None],
-        uid: str,
+        metadata: Mapping[str, Any] | None = None,
     ) -> JSON:
-        self._count("patch_metadata")
-        pod = self._existing(namespace, name, uid)
-        _merge(pod["metadata"].setdefault("annotations", {}), annotations)
-        _merge(pod["metadata"].setdefault("labels", {}), labels)
+        self._count("patch_status")
+        uid = (metadata or {}).get("uid")
+        pod = self._existing(namespace, name, uid) if uid else self._existing(namespace, name)
+        for part in ("annotations", "labels"):
+            if metadata and part in metadata:
+                _merge(pod["metadata"].setdefault(part, {}), metadata[part])
+        _merge(pod.setdefault("status", {}), status)
         await self._record("MODIFIED", pod)
         return copy.deepcopy(pod)
 

@@ -306,3 +306,18 @@ async def test_a_controlled_pod_nothing_can_run_is_failed_after_the_limit() -> N
     assert "recreates it" in status["message"]
     # A bare pod has nobody to recreate it: it keeps waiting.
     assert core.phase("bare") == "Pending"
+
+
+async def test_an_instant_pod_costs_one_pod_write_two_events_and_no_reads() -> None:
+    core = Core(memory_provider("instant", gpu_offer()))
+    async with core.running():
+        await core.until(lambda: core.kube.calls.get("watch_pods", 0) >= 1, what="watching")
+        before = dict(core.kube.calls)
+        await core.kube.create_pod(pod_manifest("quick"))
+        await core.until(lambda: core.phase("quick") == "Running", what="Running")
+        await asyncio.sleep(30)  # the status polls that follow write nothing new
+    spent = {k: v - before.get(k, 0) for k, v in core.kube.calls.items()}
+    assert spent.get("patch_status") == 1  # placement annotations, label and Running at once
+    assert spent.get("get_pod", 0) == 0  # re-reads come from the watch's store
+    assert spent.get("create_event") == 2  # ProviderSelected, Started
+    assert core.annotation("quick", ANN_PROVIDER) == "instant"

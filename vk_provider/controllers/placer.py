@@ -25,6 +25,7 @@ from vk_provider.controllers.launch import Launcher, LaunchResult
 from vk_provider.controllers.observer import ControllerObserver
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.podwriter import PodWriter
+from vk_provider.controllers.reporter import StatusReporter
 from vk_provider.controllers.workqueue import WorkQueue
 from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
@@ -72,10 +73,12 @@ class Placer:
         tracker: InstanceTracker,
         queue: WorkQueue[PodKey],
         writer: PodWriter,
+        reporter: StatusReporter,
         intervals: IntervalsConfig,
         observer: ControllerObserver,
         now: Callable[[], datetime],
     ) -> None:
+        self._report = reporter
         self._kube = kube
         self._node = node_name
         self._host_ip = host_ip
@@ -219,25 +222,27 @@ class Placer:
             return False
         log.info("adopting instance %s of pod %s/%s", chosen.instance_id, *pod.key)
         memory.explanation = "adopted an instance a previous run of the agent had launched"
-        await self._record_placed(pod, memory, chosen, chosen.offer_key, chosen.price_per_hour)
+        self._record_placed(pod, memory, chosen, chosen.offer_key, chosen.price_per_hour)
+        await self._report.placed(pod, chosen)
         self._queue.add(pod.key)
         return True
 
-    async def _record_placed(
+    def _record_placed(
         self, pod: PodView, memory: PodMemory, instance: Instance, offer_key: str, price: float
-    ) -> PodView:
-        updated = await self._write.placed(
+    ) -> None:
+        """Remember where the pod runs and stage it for the pod's next status write."""
+        self._write.place(
             pod, instance, offer_key=offer_key, price=price, explanation=memory.explanation
         )
         memory.provider, memory.instance_id = instance.provider, instance.instance_id
         memory.offer_key = offer_key
         self._tracker.remember(instance)
-        return updated
 
     async def _placed(
         self, pod: PodView, memory: PodMemory, result: LaunchResult, previous: Instance | None
     ) -> None:
-        """Record a launch on the pod; a relaunch then releases the exited instance.
+        """Record a launch on the pod (one write: where it runs and its status); a relaunch
+        then releases the exited instance.
 
         The exited instance is released only once the next one exists, so a failed create
         leaves the pod naming an instance that exists.
@@ -245,7 +250,18 @@ class Placer:
         instance, offer = result.instance, result.offer
         assert instance is not None and offer is not None
         memory.unplaceable_since = None
-        updated = await self._record_placed(pod, memory, instance, offer.key, offer.price_per_hour)
+        self._record_placed(pod, memory, instance, offer.key, offer.price_per_hour)
+        if previous is None:
+            await self._report.placed(pod, instance)
+        else:
+            view = container_view(
+                pod,
+                Waiting("ContainerCreating"),
+                instance_id=instance.instance_id,
+                last=terminated_of(previous, now=self._now()),
+                restarts=pod.status.restart_count + 1,
+            )
+            await self._write.status(pod, view)
         if previous is not None and previous.instance_id != instance.instance_id:
             try:
                 await self._providers[previous.provider].delete(
@@ -253,14 +269,6 @@ class Placer:
                 )
             except ProviderError as exc:  # reconciliation removes it as an old attempt
                 log.info("releasing %s after a relaunch failed: %s", previous.instance_id, exc)
-        view = container_view(
-            updated,
-            Waiting("ContainerCreating"),
-            instance_id=instance.instance_id,
-            last=terminated_of(previous, now=self._now()) if previous else None,
-            restarts=updated.status.restart_count + (1 if previous else 0),
-        )
-        await self._write.status(updated, view)
         self._queue.add_after(pod.key, self._intervals.pod_status_seconds)
 
     async def _unplaceable(

@@ -124,6 +124,7 @@ class PodController:
             tracker=self.tracker,
             queue=self.queue,
             writer=self._write,
+            reporter=self._report,
             intervals=intervals,
             observer=observer,
             now=now,

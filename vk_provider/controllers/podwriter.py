@@ -2,11 +2,14 @@
 
 One small class so every write keeps the pod store current with what the API answered
 (the next sync reads our own write, not an older watch event) and a status that would not
-change anything is not written at all.
+change anything is not written at all. Where a pod runs (``place``: the annotations, the
+provider label, why) is staged and goes out with the status written next, in the same
+request to ``/status`` — placing a pod costs one write.
 
-Invariants: status goes through ``/status`` only when ``status_changed``; annotation writes
-carry the pod's UID as a precondition; Events never fail a sync (the recorder swallows
-API errors).
+Invariants: status goes through ``/status`` only when it changes or a placement is staged;
+placement writes carry the pod's UID as a precondition; a staged placement that could not be
+written stays staged for the next try; Events never fail a sync (the recorder swallows API
+errors).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class PodWriter:
         self._events = recorder
         self._host_ip = host_ip
         self._now = now
+        self._staged: dict[str, dict[str, object]] = {}  # pod uid -> metadata to write
 
     async def status(
         self,
@@ -67,21 +71,32 @@ class PodWriter:
             reason=reason,
             message=message,
         )
-        if status_changed(pod.raw.get("status") or {}, wanted):
-            updated = await self._kube.patch_pod_status(pod.namespace, pod.name, wanted)
-            self._store.update(updated)
+        metadata = self._staged.pop(pod.uid, None)
+        if metadata is None and not status_changed(pod.raw.get("status") or {}, wanted):
+            return
+        try:
+            updated = await self._kube.patch_pod_status(
+                pod.namespace, pod.name, wanted, metadata=metadata
+            )
+        except BaseException:
+            if metadata is not None:
+                self._staged.setdefault(pod.uid, metadata)
+            raise
+        self._store.update(updated)
 
     async def event(self, pod: PodView, event: explain.Event) -> None:
         await self._events.record(pod.raw, event.kind, event.reason, event.message)
 
     def forget_events(self, uid: str) -> None:
         self._events.forget(uid)
+        self._staged.pop(uid, None)
 
-    async def placed(
+    def place(
         self, pod: PodView, instance: Instance, *, offer_key: str, price: float, explanation: str
-    ) -> PodView:
-        """Record where the pod runs, in one write: the annotations, why (kept on the pod,
-        beyond the Event's lifetime), and the provider as a label (``kubectl get -l/-L``)."""
+    ) -> None:
+        """Stage where the pod runs — the annotations, why (kept on the pod, beyond the
+        Event's lifetime), the provider as a label (``kubectl get -l/-L``) — for the next
+        status write of this pod."""
         annotations = {
             ANN_PROVIDER: instance.provider,
             ANN_INSTANCE: instance.instance_id,
@@ -90,15 +105,11 @@ class PodWriter:
         }
         if explanation:
             annotations[ANN_PLACEMENT] = explanation
-        updated = await self._kube.patch_pod_metadata(
-            pod.namespace,
-            pod.name,
-            annotations=annotations,
-            labels={LABEL_PROVIDER: instance.provider},
-            uid=pod.uid,
-        )
-        self._store.update(updated)
-        return PodView.parse(updated)
+        self._staged[pod.uid] = {
+            "uid": pod.uid,
+            "annotations": annotations,
+            "labels": {LABEL_PROVIDER: instance.provider},
+        }
 
     async def delete(self, pod: PodView) -> None:
         """Delete the pod now (grace 0), only if it is still the one with this UID."""

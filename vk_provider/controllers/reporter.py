@@ -23,7 +23,7 @@ from vk_provider.controllers.podwriter import PodWriter
 from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.lifecycle import crash_backoff
-from vk_provider.domain.models import Instance
+from vk_provider.domain.models import Instance, InstanceState
 from vk_provider.domain.podstatus import PodContainers, container_view, terminated_of
 from vk_provider.domain.podview import PodView, Running, Terminated, Waiting
 from vk_provider.domain.wholepod import (
@@ -108,6 +108,14 @@ class StatusReporter:
             await self._write.event(pod, event)
         await self._write.status(pod, containers, pod_ip=instance.ip, phase=phase)
         return containers
+
+    async def placed(self, pod: PodView, instance: Instance) -> None:
+        """The status of a pod just placed on ``instance`` (it goes out with the staged
+        placement, in one write): Running at once for an instance that already runs."""
+        if instance.state is InstanceState.RUNNING:
+            await self.running(pod, instance)
+        else:
+            await self.pending(pod, instance)
 
     async def pending(self, pod: PodView, instance: Instance) -> None:
         if self.whole(instance):

@@ -185,31 +185,22 @@ class KubeClient:
         finally:
             response.release()
 
-    async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> JSON:
-        return await _json(
-            self.core.patch_namespaced_pod_status(
-                name,
-                namespace,
-                {"status": status},
-                _content_type=_MERGE,
-                _preload_content=False,
-                _request_timeout=_TIMEOUT,
-            )
-        )
-
-    async def patch_pod_metadata(
+    async def patch_pod_status(
         self,
         namespace: str,
         name: str,
+        status: Mapping[str, Any],
         *,
-        annotations: Mapping[str, str | None],
-        labels: Mapping[str, str | None],
-        uid: str,
+        metadata: Mapping[str, Any] | None = None,
     ) -> JSON:
-        """Set (or, with None, remove) annotations and labels, only on the pod with this UID."""
-        body = {"metadata": {"uid": uid, "annotations": dict(annotations), "labels": dict(labels)}}
+        """Merge-patch the pod's status; ``metadata`` (annotations, labels, a ``uid``
+        precondition) goes in the same request: the status subresource keeps a pod's spec
+        but takes its labels and annotations, so placing a pod is one write."""
+        body: dict[str, Any] = {"status": status}
+        if metadata:
+            body["metadata"] = dict(metadata)
         return await _json(
-            self.core.patch_namespaced_pod(
+            self.core.patch_namespaced_pod_status(
                 name,
                 namespace,
                 body,
