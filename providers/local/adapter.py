@@ -9,7 +9,8 @@ whole pods: ``Capabilities.multi_container``). Offers are simulated from the con
 directory of files (``records.py``, ``layout.py``), so a fresh ``LocalProvider`` (an agent
 restart) finds every instance again, and the processes, like cloud machines, keep running
 while no agent watches them. Logs are CRI log lines per container (``logs.py``), the previous
-run's kept for ``kubectl logs --previous``.
+run's kept for ``kubectl logs --previous``. ``kubectl exec``, ``port-forward`` and usage for
+``kubectl top`` are ``exec.py``, ``portforward.py`` and ``usage.py``.
 
 Invariants:
 - One instance per ``spec.request_id``: the directory name is derived from it, so a second
@@ -41,6 +42,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from providers.local.config import LocalProviderConfig
+from providers.local.exec import start_exec
 from providers.local.faults import (
     CALL_ERRORS,
     CREATE_ERRORS,
@@ -63,6 +65,7 @@ from providers.local.layout import (
 )
 from providers.local.logs import stream_log
 from providers.local.observe import enforce_deadline, kill_all, observe
+from providers.local.portforward import open_local_port
 from providers.local.processes import signal_runner, start_process
 from providers.local.records import (
     INSTANCE_FILE,
@@ -76,7 +79,10 @@ from providers.local.records import (
     read_termination,
     write_json,
 )
+from providers.local.usage import instance_usage
 from providers.simulated import SimulatedOffer, simulated_offer
+from vk_provider.domain.containers import ContainerUsage
+from vk_provider.domain.contract import ExecSession, PortStream
 from vk_provider.domain.errors import (
     CapacityUnavailable,
     InvalidSpec,
@@ -157,6 +163,9 @@ class LocalProvider:
             init_containers=True,
             sidecars=True,
             probes="agent",  # the containers listen on this machine: the agent probes them
+            exec=True,
+            port_forward=True,
+            usage=True,
         )
 
     @property
@@ -234,6 +243,25 @@ class LocalProvider:
             write_json(request, {"grace_seconds": RESTART_GRACE_SECONDS})
             if record.process is not None:
                 signal_runner(record.process, signal.SIGUSR1)  # look at the requests now
+
+    # --- optional operations: exec.py, portforward.py, usage.py ---------------------------
+
+    async def exec(
+        self, instance_id: str, container: str, command: list[str], *, tty: bool
+    ) -> ExecSession:
+        directory = self._directory(instance_id)
+        with _io_errors_as_transient(self.name):
+            return await start_exec(directory, container, command, tty=tty, provider=self.name)
+
+    async def open_port(self, instance_id: str, port: int) -> PortStream:
+        directory = self._directory(instance_id)
+        with _io_errors_as_transient(self.name):
+            return await open_local_port(directory, port, provider=self.name)
+
+    async def usage(self, instance_id: str) -> list[ContainerUsage]:
+        directory = self._directory(instance_id)
+        with _io_errors_as_transient(self.name):
+            return await asyncio.to_thread(instance_usage, directory)
 
     async def close(self) -> None:
         """Nothing to release: like cloud machines, instances outlive the agent."""

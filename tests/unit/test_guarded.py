@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import cast
 
 import pytest
 
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.domain.breaker import BreakerState, CircuitBreaker
+from vk_provider.domain.containers import ContainerUsage
+from vk_provider.domain.contract import ExecSession, PortStream
 from vk_provider.domain.errors import (
     CapacityUnavailable,
     InvalidSpec,
@@ -309,3 +313,86 @@ async def test_a_provider_error_keeps_the_provider_it_names() -> None:
         await provider.list_ours()
     assert caught.value.provider == "upstream"
     assert caught.value.retry_after == 3
+
+
+# --------------------------------------------------------------------------- optional operations
+
+
+class FullAdapter(FakeAdapter):
+    """An adapter with every optional operation."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(exec=True, port_forward=True, usage=True, multi_container=True)
+
+    async def exec(
+        self, instance_id: str, container: str, command: list[str], *, tty: bool
+    ) -> ExecSession:
+        self._enter("exec")
+        return cast(ExecSession, ("session", instance_id, container, tuple(command), tty))
+
+    async def open_port(self, instance_id: str, port: int) -> PortStream:
+        self._enter("open_port")
+        return cast(PortStream, ("port", instance_id, port))
+
+    async def usage(self, instance_id: str) -> list[ContainerUsage]:
+        self._enter("usage")
+        return [ContainerUsage("main", 1, 2, datetime(2026, 1, 1, tzinfo=UTC))]
+
+    async def restart_container(self, instance_id: str, container: str) -> None:
+        self._enter("restart")
+
+
+async def test_optional_operations_are_forwarded_through_the_breaker() -> None:
+    clock = FakeClock()
+    adapter = FullAdapter()
+    observed: Observed = []
+    breaker = CircuitBreaker(threshold=THRESHOLD, cooldown_seconds=COOLDOWN, clock=clock)
+    provider = GuardedProvider(
+        adapter, breaker, observe=lambda p, o, _s, e: observed.append((p, o, e))
+    )
+    assert provider.capabilities == adapter.capabilities
+    assert await provider.exec("i-1", "main", ["ls"], tty=True) == cast(
+        ExecSession, ("session", "i-1", "main", ("ls",), True)
+    )
+    assert await provider.open_port("i-1", 80) == cast(PortStream, ("port", "i-1", 80))
+    [measured] = await provider.usage("i-1")
+    assert measured.name == "main"
+    await provider.restart_container("i-1", "main")
+    assert [o for _, o, _ in observed] == ["exec", "port_forward", "usage", "restart_container"]
+
+    adapter.fail = Transient("503")
+    for _ in range(THRESHOLD):
+        with pytest.raises(Transient):
+            await provider.usage("i-1")
+    assert state(provider) is BreakerState.OPEN
+    adapter.fail = None
+    with pytest.raises(Transient, match="circuit open"):
+        await provider.exec("i-1", "main", ["ls"], tty=False)
+    assert adapter.calls["exec"] == 1  # not called while open
+
+
+async def test_an_adapter_without_the_operation_is_invalid_spec_naming_it() -> None:
+    provider, _adapter, _clock, observed = guarded()
+    for call in (
+        provider.exec("i-1", "main", ["ls"], tty=False),
+        provider.open_port("i-1", 80),
+        provider.usage("i-1"),
+        provider.restart_container("i-1", "main"),
+    ):
+        with pytest.raises(InvalidSpec, match="provider flaky does not support"):
+            await call
+    assert observed == [] and state(provider) is BreakerState.CLOSED
+
+
+async def test_an_exec_the_adapter_refuses_does_not_count_against_it() -> None:
+    clock = FakeClock()
+    adapter = FullAdapter()
+    provider = GuardedProvider(
+        adapter, CircuitBreaker(threshold=THRESHOLD, cooldown_seconds=COOLDOWN, clock=clock)
+    )
+    adapter.fail = InvalidSpec('exec: "nope": executable file not found in $PATH')
+    for _ in range(THRESHOLD + 1):
+        with pytest.raises(InvalidSpec):
+            await provider.exec("i-1", "main", ["nope"], tty=False)
+    assert state(provider) is BreakerState.CLOSED

@@ -9,7 +9,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from vk_provider.cluster.pki import KUBELET_CLIENT_USER, ClusterPKI, ensure_pki
+from vk_provider.cluster.pki import FRONT_PROXY_CLIENT, KUBELET_CLIENT_USER, ClusterPKI, ensure_pki
 
 
 def _load(path: Path) -> x509.Certificate:
@@ -68,3 +68,28 @@ def test_existing_material_is_kept(tmp_path: Path) -> None:
     after = {p.name: p.read_bytes() for p in pki.directory.iterdir()}
     changed = {name for name in before if before[name] != after[name]}
     assert changed == {"scheduler.crt", "scheduler.key"}
+
+
+def test_the_front_proxy_has_a_ca_of_its_own(tmp_path: Path) -> None:
+    pki = ClusterPKI(tmp_path / "pki")
+    ensure_pki(pki, cluster_name="t", service_ip="10.0.0.1")
+    front_ca, cluster_ca = _load(pki.front_proxy_ca.cert), _load(pki.ca.cert)
+    client = _load(pki.front_proxy_client.cert)
+    client.verify_directly_issued_by(front_ca)
+    assert client.issuer != cluster_ca.subject  # the cluster CA's clients are not the proxy
+    assert client.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == (
+        FRONT_PROXY_CLIENT
+    )
+    usage = client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+
+
+def test_an_older_cluster_gets_front_proxy_material_on_its_next_up(tmp_path: Path) -> None:
+    pki = ClusterPKI(tmp_path / "pki")
+    ensure_pki(pki, cluster_name="t", service_ip="10.0.0.1")
+    for pair in (pki.front_proxy_ca, pki.front_proxy_client):
+        pair.cert.unlink()
+        pair.key.unlink()
+    ca_before = pki.ca.cert.read_bytes()
+    ensure_pki(pki, cluster_name="t", service_ip="10.0.0.1")
+    assert pki.front_proxy_client.cert.exists() and pki.ca.cert.read_bytes() == ca_before

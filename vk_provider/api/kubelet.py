@@ -1,9 +1,9 @@
-"""The kubelet HTTPS API of the virtual node: ``/healthz`` and ``/containerLogs``.
+"""The kubelet HTTPS API of the virtual node: the server, its authentication, and logs.
 
-The API server reaches a node's kubelet on port 10250 for ``kubectl logs`` (and exec, attach,
-port-forward, which a virtual node does not offer). This module serves that API with aiohttp,
-authenticating and authorising callers exactly as a kubelet started with
-``--anonymous-auth=false --authorization-mode=Webhook`` does:
+The API server reaches a node's kubelet on port 10250 for ``kubectl logs``, ``exec``,
+``attach``, ``port-forward`` and the node proxy; metrics-server scrapes it for ``kubectl top``.
+This module serves that API with aiohttp, authenticating and authorising callers exactly as a
+kubelet started with ``--anonymous-auth=false --authorization-mode=Webhook`` does:
 
 1. Authentication: a client certificate verified against ``client_ca_file`` (CN → user name,
    O → groups) or else an ``Authorization: Bearer`` token handed to an :class:`Authenticator`
@@ -14,15 +14,21 @@ authenticating and authorising callers exactly as a kubelet started with
    node, with the verb and subresource derived from method and path as kubelet's ``auth.go``
    does (:func:`request_attributes`). Deny → 403.
 3. Logs come from a :class:`LogSource` and are streamed chunk by chunk, so ``kubectl logs -f``
-   sees each line as soon as the provider yields it.
+   sees each line as soon as the provider yields it; ``previous`` and the container name are
+   passed on (``--previous`` is the source's to answer).
+
+The other routes live beside this module, each with the protocol of its source:
+``kubelet_pods`` (``/pods``, ``/runningpods/``), ``kubelet_stats`` (``/stats/summary``,
+``/metrics/resource``) and ``streaming`` (``/exec``, ``/attach``, ``/portForward``). A route
+whose source is not given is not served (404), as kubelet without that handler.
 
 Invariants:
 - This module never imports the Kubernetes client; identity, authorisation and logs are
   injected through the three protocols below.
 - Bearer tokens and ``Authorization`` headers are never logged; the access log is off.
-- A log stream never outlives its request: when the client goes away (aiohttp cancels the
-  handler) or the server stops (``on_shutdown`` cancels open streams), the log iterator is
-  closed, so a provider's follow connection is released.
+- A log or exec/port-forward stream never outlives its request: when the client goes away
+  (aiohttp cancels the handler) or the server stops (``on_shutdown`` cancels open streams),
+  the log iterator, command or port is closed, so nothing at the provider is left open.
 - ``KubeletApiServer.stop()`` is bounded: open streams are cancelled first and the remaining
   requests get ``shutdown_timeout`` seconds.
 """
@@ -51,6 +57,9 @@ from vk_provider.api.authn import (
     request_attributes,
     user_from_certificate,
 )
+from vk_provider.api.kubelet_pods import NodePods, add_pod_routes
+from vk_provider.api.kubelet_stats import StatsSource, add_stats_routes
+from vk_provider.api.streaming import ContainerStreams, add_streaming_routes
 from vk_provider.domain.models import LogOptions
 
 logger = logging.getLogger(__name__)
@@ -121,6 +130,7 @@ def parse_log_options(query: Mapping[str, str], *, now: dt.datetime) -> LogOptio
         timestamps=_query_bool(query, "timestamps"),
         since_seconds=since_seconds,
         limit_bytes=limit_bytes,
+        previous=_query_bool(query, "previous"),
     )
 
 
@@ -154,9 +164,6 @@ def _seconds_since(value: str, *, now: dt.datetime) -> int:
     return max(1, math.ceil((now - moment).total_seconds()))
 
 
-# --------------------------------------------------------------------------- TLS
-
-
 # --------------------------------------------------------------------------- application
 
 
@@ -175,23 +182,40 @@ _STATE = web.AppKey("kubelet_api_state", _ApiState)
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+@dataclass(frozen=True, slots=True)
+class KubeletSources:
+    """Where the routes beside ``/containerLogs`` get their answers; None: not served."""
+
+    pods: NodePods | None = None
+    stats: StatsSource | None = None
+    streams: ContainerStreams | None = None
+
+
 def build_app(
     *,
     node_name: str,
     authenticator: Authenticator,
     authorizer: Authorizer,
     logs: LogSource,
+    sources: KubeletSources = KubeletSources(),
 ) -> web.Application:
     """The aiohttp application of the kubelet API, without a listener (tests use it too)."""
     app = web.Application(middlewares=[_authenticate_and_authorize])
-    app[_STATE] = _ApiState(
+    state = _ApiState(
         node_name=node_name, authenticator=authenticator, authorizer=authorizer, logs=logs
     )
+    app[_STATE] = state
     app.router.add_get("/healthz", _healthz)
     # No HEAD: a HEAD of a follow stream would open provider logs and never finish.
     app.router.add_get(
         "/containerLogs/{namespace}/{pod}/{container}", _container_logs, allow_head=False
     )
+    if sources.pods is not None:
+        add_pod_routes(app, sources.pods)
+    if sources.stats is not None:
+        add_stats_routes(app, sources.stats)
+    if sources.streams is not None:
+        add_streaming_routes(app, sources.streams, open_tasks=state.streams)
     app.on_shutdown.append(_cancel_streams)
     return app
 
@@ -278,8 +302,6 @@ async def _container_logs(request: web.Request) -> web.StreamResponse:
         options = parse_log_options(request.query, now=dt.datetime.now(dt.UTC))
     except InvalidLogQuery as exc:
         return _text(400, str(exc))
-    if _query_bool(request.query, "previous"):
-        return _text(400, "previous terminated container logs are not available")
     task = asyncio.current_task()
     if task is not None:
         state.streams.add(task)
@@ -360,6 +382,7 @@ class KubeletApiServer:
         authenticator: Authenticator,
         authorizer: Authorizer,
         logs: LogSource,
+        sources: KubeletSources = KubeletSources(),
         shutdown_timeout: float = 2.0,
     ) -> None:
         self.node_name = node_name
@@ -369,6 +392,7 @@ class KubeletApiServer:
         self._authenticator = authenticator
         self._authorizer = authorizer
         self._logs = logs
+        self._sources = sources
         self._shutdown_timeout = shutdown_timeout
         self._runner: web.AppRunner | None = None
 
@@ -381,6 +405,7 @@ class KubeletApiServer:
             authenticator=self._authenticator,
             authorizer=self._authorizer,
             logs=self._logs,
+            sources=self._sources,
         )
         runner = web.AppRunner(
             app,

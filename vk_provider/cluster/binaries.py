@@ -331,3 +331,47 @@ def build_binaries(
         if target.exists():
             shutil.rmtree(target)
         out.rename(target)
+
+
+def build_go_program(
+    module: str,
+    version: str,
+    package: str,
+    target: Path,
+    *,
+    ldflags: str = "",
+    progress: Progress = _ignore_progress,
+) -> Path:
+    """Build one program (``package`` of ``module@version``) from the module proxy into the
+    directory ``target``, atomically like the control plane; the program's path.
+
+    For modules whose go.mod needs no replaces (metrics-server): a wrapper module requires
+    ``module@version`` and builds ``package``.
+    """
+    _require_go()
+    name = package.rstrip("/").rsplit("/", 1)[-1]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="vk-build-", dir=target.parent) as tmp:
+        work = Path(tmp) / "module"
+        out = Path(tmp) / "bin"
+        out.mkdir()
+        _write_wrapper(work, module=f"vkprovider.local/{name}", imports=[package], replaces=[])
+        progress(f"resolving {module}@{version}", 0, 0)
+        _run_go(["get", f"{module}@{version}"], cwd=work, what=f"go get {module}@{version}")
+        _run_go(["mod", "tidy"], cwd=work, what=f"go mod tidy ({name})")
+        total = _count_deps([package], cwd=work)
+        _stream_build(
+            [package],
+            cwd=work,
+            output=str(out / name),
+            total=total,
+            label=f"{name} {version}",
+            progress=progress,
+            ldflags=ldflags,
+        )
+        if not os.access(out / name, os.X_OK):
+            raise ClusterError(f"build of {name} finished but {out / name} is missing")
+        if target.exists():
+            shutil.rmtree(target)
+        out.rename(target)
+    return target / name

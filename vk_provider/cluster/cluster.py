@@ -459,6 +459,23 @@ class LocalCluster:
         }
         self.create_object("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
 
+    def request(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        """One API request as the admin: the status and the JSON answer (``{}`` if none)."""
+        ports = self._ports(self._load_state())
+        if ports is None:
+            raise ClusterError(f"cluster {self.name!r} has not been started")
+        with self._client() as client:
+            response = client.request(
+                method, f"https://127.0.0.1:{ports.apiserver}{path}", json=body
+            )
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = {}
+        return response.status_code, answer if isinstance(answer, dict) else {}
+
     def create_object(self, collection: str, body: Mapping[str, Any]) -> None:
         """POST ``body`` to the API collection path as the admin; an existing object is fine."""
         ports = self._ports(self._load_state())

@@ -130,6 +130,16 @@ def commands(
             f"--kubelet-client-certificate={p.kubelet_client.cert}",
             f"--kubelet-client-key={p.kubelet_client.key}",
             "--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP",
+            # The aggregation layer (metrics.k8s.io from metrics-server): the API server
+            # proxies as front-proxy-client; extension servers trust the request headers it
+            # sets once that certificate checks out against the front-proxy CA.
+            f"--requestheader-client-ca-file={p.front_proxy_ca.cert}",
+            f"--requestheader-allowed-names={pki_mod.FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={p.front_proxy_client.cert}",
+            f"--proxy-client-key-file={p.front_proxy_client.key}",
             "--profiling=false",
             "--v=1",
         ],

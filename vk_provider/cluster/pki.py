@@ -4,6 +4,12 @@ One self-signed CA signs every certificate: the API server's serving certificate
 certificates of the admin, controller-manager, scheduler and the API server's kubelet client.
 The service-account signing key pair is separate (RSA, as kube-apiserver expects PEM keys).
 
+The aggregation layer has a CA of its own, as kubeadm sets it up: ``front-proxy-ca`` signs the
+one client certificate (``front-proxy-client``) the API server presents when it proxies to an
+extension API server (metrics-server), which trusts it through ``--requestheader-client-ca-file``
+published in ``kube-system/extension-apiserver-authentication``. A separate CA keeps the cluster
+CA's client certificates from passing as the front proxy.
+
 Invariants:
 - Material is generated once per cluster and reused on every later ``up`` (idempotence: a
   restarted API server must accept tokens and kubeconfigs issued before).
@@ -29,6 +35,8 @@ _VALIDITY = dt.timedelta(days=365)
 # It is bound to the built-in ClusterRole system:kubelet-api-admin after start-up, exactly as
 # kubeadm does, instead of being made a cluster admin.
 KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
+# The name extension API servers accept as the front proxy (--requestheader-allowed-names).
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +76,14 @@ class ClusterPKI:
         return self._pair("apiserver-kubelet-client")
 
     @property
+    def front_proxy_ca(self) -> CertPair:
+        return self._pair("front-proxy-ca")
+
+    @property
+    def front_proxy_client(self) -> CertPair:
+        return self._pair("front-proxy-client")
+
+    @property
     def service_account_key(self) -> Path:
         return self.directory / "sa.key"
 
@@ -104,9 +120,9 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
 
 
-def _create_ca(pair: CertPair, *, cluster_name: str) -> None:
+def _create_ca(pair: CertPair, *, common_name: str) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = _name(f"vk-provider-local-ca-{cluster_name}")
+    subject = _name(common_name)
     cert = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -195,7 +211,13 @@ def ensure_pki(pki: ClusterPKI, *, cluster_name: str, service_ip: str) -> None:
     """Create whatever key material is missing; never replace what exists."""
     pki.directory.mkdir(parents=True, exist_ok=True)
     if not pki.ca.cert.exists():
-        _create_ca(pki.ca, cluster_name=cluster_name)
+        _create_ca(pki.ca, common_name=f"vk-provider-local-ca-{cluster_name}")
+    if not pki.front_proxy_ca.cert.exists():
+        _create_ca(pki.front_proxy_ca, common_name=f"vk-provider-front-proxy-ca-{cluster_name}")
+    if _missing(pki.front_proxy_client):
+        issue_certificate(
+            pki.front_proxy_ca, pki.front_proxy_client, common_name=FRONT_PROXY_CLIENT, client=True
+        )
     if _missing(pki.apiserver):
         issue_certificate(
             pki.ca,

@@ -7,6 +7,12 @@ rest of the agent cannot call an adapter around its breaker. While the breaker i
 cool-down, which is the cheap ``offers`` call. ``delete`` is always attempted: stopping a
 paid instance matters more than sparing a sick provider a request.
 
+The optional operations (``exec``, ``open_port``, ``usage``, ``restart_container``) go
+through the same breaker and metrics when the wrapped adapter has them; when it has not,
+they raise ``InvalidSpec`` naming the provider. ``capabilities`` are the adapter's, so
+callers check them first, exactly as with the adapter itself. Only the *start* of an exec
+session or a port stream is a guarded call; the bytes that follow are the caller's.
+
 Invariants: an adapter exception other than ``ProviderError`` is wrapped into ``Transient``
 naming the adapter, so callers only ever see the taxonomy; a failed ``create`` has the spec's
 secret env values redacted from its error in every form (a second layer after the
@@ -21,8 +27,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from vk_provider.domain.breaker import BreakerState, CircuitBreaker, counts_as_failure
-from vk_provider.domain.contract import Provider
-from vk_provider.domain.errors import ProviderError, Transient
+from vk_provider.domain.containers import ContainerUsage
+from vk_provider.domain.contract import (
+    ExecSession,
+    PortStream,
+    Provider,
+    SupportsContainerRestart,
+    SupportsExec,
+    SupportsPortForward,
+    SupportsUsage,
+)
+from vk_provider.domain.errors import InvalidSpec, ProviderError, Transient
 from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
 from vk_provider.domain.redact import Redactor
 
@@ -150,6 +165,45 @@ class GuardedProvider:
         self._refuse_if_open("logs")
         async for chunk in self._inner.logs(instance_id, options):
             yield chunk
+
+    # --- optional operations ------------------------------------------------------------
+
+    async def exec(
+        self, instance_id: str, container: str, command: list[str], *, tty: bool
+    ) -> ExecSession:
+        inner = self._inner
+        if not isinstance(inner, SupportsExec):
+            raise self._unsupported("exec")
+        self._refuse_if_open("exec")
+        return await self._call(
+            "exec", lambda: inner.exec(instance_id, container, command, tty=tty)
+        )
+
+    async def open_port(self, instance_id: str, port: int) -> PortStream:
+        inner = self._inner
+        if not isinstance(inner, SupportsPortForward):
+            raise self._unsupported("port-forward")
+        self._refuse_if_open("port_forward")
+        return await self._call("port_forward", lambda: inner.open_port(instance_id, port))
+
+    async def usage(self, instance_id: str) -> list[ContainerUsage]:
+        inner = self._inner
+        if not isinstance(inner, SupportsUsage):
+            raise self._unsupported("usage")
+        self._refuse_if_open("usage")
+        return await self._call("usage", lambda: inner.usage(instance_id))
+
+    async def restart_container(self, instance_id: str, container: str) -> None:
+        inner = self._inner
+        if not isinstance(inner, SupportsContainerRestart):
+            raise self._unsupported("container restart")
+        self._refuse_if_open("restart_container")
+        await self._call(
+            "restart_container", lambda: inner.restart_container(instance_id, container)
+        )
+
+    def _unsupported(self, operation: str) -> InvalidSpec:
+        return InvalidSpec(f"provider {self.name} does not support {operation}", provider=self.name)
 
     async def close(self) -> None:
         await self._inner.close()

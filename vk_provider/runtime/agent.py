@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import signal
 from collections.abc import Mapping
@@ -23,9 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vk_provider.api.authn import SubjectAccessReviewAuthorizer, TokenReviewAuthenticator
-from vk_provider.api.kubelet import KubeletApiServer
+from vk_provider.api.kubelet import KubeletApiServer, KubeletSources
+from vk_provider.api.kubelet_agent import AgentPods, AgentStreams
 from vk_provider.api.metrics import Metrics
-from vk_provider.api.podlogs import PodLogSource
+from vk_provider.api.nodestats import UsageCollector
+from vk_provider.api.podlogs import AttemptHistory, PodLogSource
 from vk_provider.api.rest import RestServer, build_app
 from vk_provider.api.rest_auth import RestAuth, StaticTokenAuth, TokenReviewAuth
 from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certificate
@@ -43,6 +46,7 @@ from vk_provider.domain.breaker import CircuitBreaker
 from vk_provider.domain.budget import BudgetLedger
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.placement import ProviderHealth
+from vk_provider.domain.podview import PodKey
 from vk_provider.domain.reconcile import TerminationPolicy
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
@@ -122,26 +126,21 @@ class Agent:
         address = config.node.address or (
             api_cfg.host if api_cfg.host not in ("0.0.0.0", "::", "") else default_address()  # noqa: S104
         )
+        if is_loopback(address):
+            log.warning(
+                "node %s advertises the loopback address %s: the API server refuses to proxy "
+                "nodes/%s/proxy to it, and only a metrics-server on this machine could scrape "
+                "it; set node.address to an address the API server and metrics-server reach",
+                config.node.name,
+                address,
+                config.node.name,
+            )
         if api_cfg.tls_cert_file and api_cfg.tls_key_file:
             cert, key = api_cfg.tls_cert_file, api_cfg.tls_key_file
         else:
             cert, key = ensure_serving_certificate(
                 state / "kubelet-tls", node_name=config.node.name, ip_addresses=(address,)
             )
-        in_cluster_ca = IN_CLUSTER_CA if IN_CLUSTER_CA.exists() else None  # noqa: ASYNC240 - once
-        token_reviews = TokenReviewAuthenticator(kube)
-        authorizer = SubjectAccessReviewAuthorizer(kube)
-        kubelet_api = KubeletApiServer(
-            node_name=config.node.name,
-            host=api_cfg.host,
-            port=api_cfg.port,
-            ssl_context=build_server_ssl_context(
-                cert, key, api_cfg.client_ca_file or in_cluster_ca
-            ),
-            authenticator=token_reviews,
-            authorizer=authorizer,
-            logs=PodLogSource(kube, calls, node_name=config.node.name),
-        )
         ledger = BudgetLedger(config.budget.caps)
         launcher = Launcher(
             calls,
@@ -164,11 +163,48 @@ class Agent:
             workers=config.workers,
             observer=metrics,
         )
+        in_cluster_ca = IN_CLUSTER_CA if IN_CLUSTER_CA.exists() else None  # noqa: ASYNC240 - once
+        token_reviews = TokenReviewAuthenticator(kube)
+        authorizer = SubjectAccessReviewAuthorizer(kube)
+        history = AttemptHistory()
+        kubelet_api = KubeletApiServer(
+            node_name=config.node.name,
+            host=api_cfg.host,
+            port=api_cfg.port,
+            ssl_context=build_server_ssl_context(
+                cert, key, api_cfg.client_ca_file or in_cluster_ca
+            ),
+            authenticator=token_reviews,
+            authorizer=authorizer,
+            logs=PodLogSource(
+                kube,
+                calls,
+                node_name=config.node.name,
+                history=history,
+                instances=pods.tracker.for_pod,
+            ),
+            sources=KubeletSources(
+                pods=AgentPods(store, pods.tracker),
+                stats=UsageCollector(
+                    node_name=config.node.name,
+                    store=store,
+                    tracker=pods.tracker,
+                    providers=calls,
+                ),
+                streams=AgentStreams(store, calls, node_name=config.node.name),
+            ),
+        )
+
+        def pod_changed(key: PodKey) -> None:
+            # The kubelet API remembers which instances a pod named (kubectl logs --previous).
+            history.observe(store.get(key))
+            pods.pod_changed(key)
+
         watch = PodWatch(
             kube,
             node_name=config.node.name,
             store=store,
-            on_change=pods.pod_changed,
+            on_change=pod_changed,
             timeout_seconds=intervals.pod_watch_timeout_seconds,
         )
         reconciler = Reconciler(
@@ -293,6 +329,13 @@ class Agent:
             for provider in self.providers.values():
                 with contextlib.suppress(Exception):
                     await provider.close()
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 def flip_taint(config: AgentConfig) -> dict[str, str] | None:

@@ -59,7 +59,10 @@ class NodeConfig(Strict):
         8192, ge=1, le=10_000_000, description="Cap on advertised memory (GiB)."
     )
     address: str = Field(
-        "", description="InternalIP to advertise; default the kubelet API's listen address."
+        "",
+        description="InternalIP to advertise; default the kubelet API's listen address (this "
+        "host's when it listens on all). The API server refuses to proxy nodes/<node>/proxy "
+        "to a loopback address, and metrics-server scrapes this address: use one they reach.",
     )
 
     @property

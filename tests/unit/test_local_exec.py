@@ -1,0 +1,384 @@
+"""The local provider's exec, usage and port-forward, against real processes.
+
+Each test lays out an instance directory as the pod runner writes it
+(``providers/local/layout.py``): ``containers/order.json`` and, per container, ``env.json``,
+``spec.json`` and the ``process.json`` of a real program this test started. Every process a
+test starts is killed afterwards (``programs``), and every exec session is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from providers.local.adapter import LocalProvider
+from providers.local.exec import LocalExec, start_exec
+from providers.local.portforward import declared_ports, open_local_port
+from providers.local.processes import ProcessRecord, start_ticks
+from providers.local.usage import instance_usage
+from tests.helpers import wait_for
+from tests.unit.test_local_provider import (  # noqa: F401 - state_dir is a fixture
+    collect,
+    make_config,
+    offer,
+    state_dir,
+    wait_state,
+)
+from vk_provider.domain.containers import ContainerSpec, ContainerUsage
+from vk_provider.domain.contract import ExecSession
+from vk_provider.domain.envvar import EnvVar, Port
+from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
+from vk_provider.domain.models import InstanceState, LogOptions, WorkloadSpec
+
+
+class Programs:
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL)
+        self.started.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture
+def programs() -> Iterator[Programs]:
+    started = Programs()
+    try:
+        yield started
+    finally:
+        started.stop_all()
+
+
+def lay_out(
+    instance: Path,
+    programs: Programs,
+    containers: dict[str, list[str]],
+    *,
+    env: dict[str, str] | None = None,
+    ports: list[int] | None = None,
+) -> dict[str, subprocess.Popen[bytes]]:
+    """An instance directory whose containers run ``containers[name]``."""
+    (instance / "containers").mkdir(parents=True)
+    (instance / "containers" / "order.json").write_text(json.dumps(list(containers)))
+    running = {}
+    for name, argv in containers.items():
+        directory = instance / "containers" / name
+        directory.mkdir()
+        workdir = instance / f"work-{name}"
+        workdir.mkdir()
+        spec = {"argv": argv, "cwd": str(workdir), "ports": ports or [], "init": False}
+        (directory / "spec.json").write_text(json.dumps(spec))
+        environment = {"PATH": os.environ["PATH"], "GREETING": f"hello from {name}"}
+        (directory / "env.json").write_text(json.dumps({**environment, **(env or {})}))
+        proc = programs.start(argv)
+        ticks = start_ticks(proc.pid)
+        assert ticks is not None
+        record = ProcessRecord(name=name, pid=proc.pid, start_ticks=ticks)
+        (directory / "process.json").write_text(json.dumps(record.to_json()))
+        running[name] = proc
+    return running
+
+
+@pytest.fixture
+def instance(tmp_path: Path, programs: Programs) -> Path:
+    directory = tmp_path / "local-uid-0"
+    lay_out(directory, programs, {"main": ["sleep", "300"], "side": ["sleep", "300"]})
+    return directory
+
+
+@pytest.fixture
+async def sessions() -> AsyncIterator[list[LocalExec]]:
+    opened: list[LocalExec] = []
+    try:
+        yield opened
+    finally:
+        for session in opened:
+            await session.close()
+
+
+async def run(
+    instance: Path, sessions: list[LocalExec], command: list[str], *, tty: bool = False
+) -> LocalExec:
+    session = await start_exec(instance, "main", command, tty=tty, provider="local-a")
+    sessions.append(session)
+    return session
+
+
+async def collect_output(session: LocalExec) -> tuple[bytes, bytes, int]:
+    out, err = bytearray(), bytearray()
+    async with asyncio.timeout(30):
+        async for fd, chunk in session.output():
+            (out if fd == 1 else err).extend(chunk)
+        return bytes(out), bytes(err), await session.wait()
+
+
+# --------------------------------------------------------------------------- exec
+
+
+async def test_exec_runs_with_the_containers_env_and_working_dir(
+    instance: Path, sessions: list[LocalExec]
+) -> None:
+    session = await run(
+        instance, sessions, ["sh", "-c", 'echo "$GREETING"; pwd; echo oops >&2; exit 3']
+    )
+    out, err, code = await collect_output(session)
+    assert out == f"hello from main\n{instance / 'work-main'}\n".encode()
+    assert err == b"oops\n"
+    assert code == 3
+
+
+async def test_exec_stdin_reaches_the_command_until_closed(
+    instance: Path, sessions: list[LocalExec]
+) -> None:
+    session = await run(instance, sessions, ["cat"])
+    await session.write_stdin(b"hello ")
+    await session.write_stdin(b"world\n")
+    await session.close_stdin()
+    assert await collect_output(session) == (b"hello world\n", b"", 0)
+
+
+async def test_exec_on_a_terminal_resizes_and_sees_a_tty(
+    instance: Path, sessions: list[LocalExec]
+) -> None:
+    session = await run(
+        instance, sessions, ["sh", "-c", "read line; stty size; tty; echo got:$line"], tty=True
+    )
+    await session.resize(100, 30)
+    await session.write_stdin(b"abc\n")
+    out, err, code = await collect_output(session)
+    text = out.decode()
+    assert "30 100" in text
+    assert "/dev/pts/" in text
+    assert "got:abc" in text
+    assert (err, code) == (b"", 0)
+
+
+async def test_exec_on_a_terminal_ends_input_with_eof(
+    instance: Path, sessions: list[LocalExec]
+) -> None:
+    session = await run(instance, sessions, ["cat"], tty=True)
+    await session.write_stdin(b"line\n")
+    await session.close_stdin()
+    out, _, code = await collect_output(session)
+    assert b"line" in out and code == 0
+
+
+async def test_a_command_killed_by_a_signal_exits_128_plus_n(
+    instance: Path, sessions: list[LocalExec]
+) -> None:
+    session = await run(instance, sessions, ["sh", "-c", "kill -TERM $$"])
+    assert (await collect_output(session))[2] == 128 + signal.SIGTERM
+
+
+async def test_an_unknown_executable_is_named(instance: Path) -> None:
+    with pytest.raises(InvalidSpec, match='exec: "no-such-tool": executable file not found'):
+        await start_exec(instance, "main", ["no-such-tool"], tty=False, provider="local-a")
+
+
+async def test_a_container_that_is_not_running_has_no_exec(
+    tmp_path: Path, programs: Programs
+) -> None:
+    directory = tmp_path / "local-uid-1"
+    [proc] = lay_out(directory, programs, {"main": ["sleep", "300"]}).values()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with pytest.raises(NotFound):
+        await start_exec(directory, "main", ["true"], tty=False, provider="local-a")
+    with pytest.raises(NotFound):
+        await start_exec(directory, "other", ["true"], tty=False, provider="local-a")
+
+
+async def test_close_kills_the_command_and_its_children(instance: Path) -> None:
+    session = await start_exec(
+        instance, "main", ["sh", "-c", "sleep 300 & echo $!; wait"], tty=False, provider="x"
+    )
+    first = b""
+    async with asyncio.timeout(30):
+        async for _, chunk in session.output():
+            first += chunk
+            if first.endswith(b"\n"):
+                break
+    child = int(first)
+    await session.close()
+
+    async def child_gone() -> bool:
+        return _state(child) in ("gone", "Z")
+
+    await wait_for(child_gone, timeout=30, interval=0.05, what="the background child to end")
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+async def test_a_background_child_does_not_hold_the_session_open(
+    instance: Path, sessions: list[LocalExec]
+) -> None:
+    session = await run(instance, sessions, ["sh", "-c", "sleep 300 & echo started"])
+    out, _, code = await collect_output(session)  # ends with the command, not with the sleep
+    assert (out, code) == (b"started\n", 0)
+
+
+# --------------------------------------------------------------------------- usage
+
+
+async def test_usage_reports_each_running_container_of_the_instance(
+    tmp_path: Path, programs: Programs
+) -> None:
+    directory = tmp_path / "local-uid-2"
+    busy = [sys.executable, "-c", "import time\nend=time.time()+300\nwhile time.time()<end: pass"]
+    lay_out(directory, programs, {"busy": busy, "idle": ["sh", "-c", "sleep 300 & wait"]})
+    first = {u.name: u for u in instance_usage(directory)}
+
+    async def grown() -> dict[str, ContainerUsage] | None:
+        now = {u.name: u for u in instance_usage(directory)}
+        busy_cpu = now["busy"].cpu_core_nanoseconds
+        return now if busy_cpu > first["busy"].cpu_core_nanoseconds else None
+
+    second = await wait_for(grown, timeout=30, interval=0.05, what="the busy container's CPU")
+    assert set(second) == {"busy", "idle"}
+    assert second["idle"].cpu_core_nanoseconds > 0  # schedstat: even an idle program has some
+    # The idle container is a tree (sh and its sleep): both are resident.
+    assert second["idle"].memory_working_set_bytes > 0
+    assert second["busy"].memory_working_set_bytes > 1_000_000  # a Python interpreter
+
+
+def test_usage_leaves_out_containers_that_do_not_run(tmp_path: Path, programs: Programs) -> None:
+    directory = tmp_path / "local-uid-3"
+    running = lay_out(directory, programs, {"gone": ["sleep", "300"], "here": ["sleep", "300"]})
+    os.killpg(running["gone"].pid, signal.SIGKILL)
+    running["gone"].wait()
+    assert [u.name for u in instance_usage(directory)] == ["here"]
+
+
+# --------------------------------------------------------------------------- port-forward
+
+
+async def test_a_declared_port_is_forwarded_to_127_0_0_1(
+    tmp_path: Path, programs: Programs
+) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"reply:" + await reader.read(100))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    directory = tmp_path / "local-uid-4"
+    lay_out(directory, programs, {"main": ["sleep", "300"]}, ports=[port, 9])
+    assert declared_ports(directory) == {port, 9}
+    try:
+        stream = await open_local_port(directory, port, provider="local-a")
+        await stream.write(b"hi")
+        assert await stream.read(100) == b"reply:hi"
+        assert await stream.read(100) == b""
+        await stream.close()
+        with pytest.raises(InvalidSpec, match=rf"declared containerPorts: 9, {port}"):
+            await open_local_port(directory, 22, provider="local-a")
+        with pytest.raises(Transient, match="failed to connect to localhost:9"):
+            await open_local_port(directory, 9, provider="local-a")
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+# --------------------------------------------------------------------------- the real pod runner
+
+SERVE = (
+    "import os, socket, time\n"
+    "server = socket.create_server(('127.0.0.1', int(os.environ['PORT'])))\n"
+    "print('up', flush=True)\n"
+    "while True:\n"
+    "    connection, _ = server.accept()\n"
+    "    connection.sendall(b'hello from ' + os.environ['WHO'].encode())\n"
+    "    connection.close()\n"
+)
+
+
+async def test_exec_usage_and_port_forward_of_a_pod_the_runner_runs(
+    state_dir: Path,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    provider = LocalProvider(make_config(), state_dir=state_dir)
+    assert provider.capabilities.exec and provider.capabilities.port_forward
+    assert provider.capabilities.usage
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    app = ContainerSpec(
+        name="app",
+        image="ignored",
+        command=(sys.executable, "-c", SERVE),
+        env=(EnvVar("PORT", str(port)), EnvVar("WHO", "app")),
+        ports=(Port(port),),
+        working_dir=str(workdir),
+    )
+    side = ContainerSpec(name="side", image="ignored", command=("sleep", "300"))
+    spec = WorkloadSpec(
+        pod_uid="exec-pod",
+        namespace="default",
+        pod_name="p",
+        container_name="app",
+        image="ignored",
+        containers=(app, side),
+    )
+    created = await provider.create(spec, await offer(provider))
+    await wait_state(provider, created.instance_id, InstanceState.RUNNING, timeout=20)
+
+    async def app_up() -> bool:
+        logs = await collect(provider.logs(created.instance_id, LogOptions(container="app")))
+        return b"up\n" in logs
+
+    await wait_for(app_up, timeout=20, interval=0.05, what="the app to listen")
+
+    session = await provider.exec(
+        created.instance_id, "app", ["sh", "-c", "echo $WHO; pwd"], tty=False
+    )
+    try:
+        assert await collect_exec(session) == (f"app\n{workdir}\n".encode(), b"", 0)
+    finally:
+        await session.close()
+
+    measured = {u.name: u for u in await provider.usage(created.instance_id)}
+    assert set(measured) == {"app", "side"}
+    assert all(u.cpu_core_nanoseconds > 0 and u.memory_working_set_bytes > 0
+               for u in measured.values())  # fmt: skip
+
+    stream = await provider.open_port(created.instance_id, port)
+    try:
+        assert await stream.read(100) == b"hello from app"
+    finally:
+        await stream.close()
+    with pytest.raises(NotFound):
+        await provider.exec("local-nope-0", "app", ["true"], tty=False)
+    await provider.delete(created.instance_id, grace_seconds=0)
+
+
+async def collect_exec(session: ExecSession) -> tuple[bytes, bytes, int]:
+    out, err = bytearray(), bytearray()
+    async with asyncio.timeout(30):
+        async for fd, chunk in session.output():
+            (out if fd == 1 else err).extend(chunk)
+        return bytes(out), bytes(err), await session.wait()
