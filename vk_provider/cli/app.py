@@ -43,6 +43,7 @@ from vk_provider.cluster.cluster import LocalCluster
 from vk_provider.cluster.errors import ClusterError
 from vk_provider.cluster.flags import requested_flags
 from vk_provider.cluster.flip.tools import FlipTools, ensure_flip_tools
+from vk_provider.cluster.metrics_server import ensure_metrics_server
 from vk_provider.domain.placement import CapacityType
 from vk_provider.runtime.registry import Registry
 from vk_provider.settings.secrets import ConfigError
@@ -131,16 +132,31 @@ def cluster_binaries(
         help="Also fetch the overflow flip's components: KWOK, the descheduler, "
         "kube-state-metrics (built from the Go module proxy) and Prometheus (Debian's).",
     ),
+    metrics_server: bool = typer.Option(
+        False,
+        "--metrics-server",
+        help="Also build metrics-server (kubectl top against a local cluster).",
+    ),
 ) -> None:
     """Find or build the control-plane binaries (pinned version) and print where they are."""
     try:
         binaries = obtain_binaries()
         tools = obtain_flip_tools() if flip else None
+        metrics = (
+            _with_progress(
+                "looking for metrics-server",
+                lambda progress: ensure_metrics_server(progress=progress),
+            )
+            if metrics_server
+            else None
+        )
     except ClusterError as exc:
         raise _fail(str(exc)) from exc
     out.print(binaries.kube_apiserver.parent)
     for name, path in tools.describe() if tools else ():
         out.print(f"{name}: {path}", highlight=False)
+    if metrics is not None:
+        out.print(f"metrics-server: {metrics}", highlight=False)
 
 
 @cluster_app.command("up")
