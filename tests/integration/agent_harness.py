@@ -123,6 +123,7 @@ class AgentHarness:
         kubeconfig: Path | None = None,
         placement: dict[str, Any] | None = None,
         budget: dict[str, Any] | None = None,
+        overflow: dict[str, Any] | None = None,
         rest_static_token: bool = True,
         start: bool = True,
     ) -> AgentProcess:
@@ -162,6 +163,8 @@ class AgentHarness:
             config["placement"] = placement
         if budget:
             config["budget"] = budget
+        if overflow:
+            config["overflow"] = overflow
         provider_entries = list(config["providers"])
         config_path = root / "agent.yaml"
         config_path.write_text(yaml.safe_dump(config))

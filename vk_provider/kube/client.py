@@ -131,6 +131,18 @@ class KubeClient:
         except NotFoundError:
             return None
 
+    async def list_pods(self, *, namespace: str, label_selector: str = "") -> list[JSON]:
+        """The pods of ``namespace`` matching ``label_selector`` (every one when empty)."""
+        body = await _json(
+            self.core.list_namespaced_pod(
+                namespace,
+                label_selector=label_selector,
+                _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            )
+        )
+        return list(body.get("items") or [])
+
     async def list_node_pods(self, node_name: str) -> tuple[list[JSON], str]:
         """All pods bound to ``node_name`` and the list's resourceVersion."""
         body = await _json(

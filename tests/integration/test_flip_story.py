@@ -1,0 +1,365 @@
+"""The whole story of PRODUCT.md §12 against the real components, asserting each promise.
+
+A control plane with native gang scheduling; four KWOK nodes x 8 GPUs (the cluster's own,
+``gpu.pool=own``); kube-state-metrics and Prometheus with the shipped recording rules; the
+real agent (``vk-provider run``) on the virtual node with a ``local`` provider and the
+overflow flip on; the real descheduler with the shipped policy, one cycle at a time.
+
+1. Inference (a Deployment of 6 x 1 GPU at a low PriorityClass, PDB maxUnavailable 1) runs
+   on the own nodes.
+2. A gang of 4 x 8 GPUs at a high PriorityClass arrives: it binds as one, preempting
+   inference; the overflow opens within 15 s of the own GPUs filling and every displaced
+   replica runs on the virtual node within 30 s of the gang's admission.
+3. The agent is killed and restarted, and Prometheus goes away for a while: the overflow
+   stays open.
+4. Training ends: the overflow closes; the descheduler moves inference home, one pod per
+   cycle, with Ready replicas never below the PDB's minimum; no provider instance is left.
+
+Throughout, the overflow taint is sampled: never NoExecute, and exactly two transitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.api_client import ApiClient
+
+from tests.helpers import wait_for
+from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers
+from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.cluster.flip import workloads as w
+from vk_provider.cluster.flip.stack import FlipComponents, start_flip_components
+from vk_provider.kube.client import KubeClient
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+PY = sys.executable
+KEY = "virtual-kubelet.io/provider"
+REPLICAS, PDB_MIN = 6, 5
+LOOP = "import time\nprint('serving', flush=True)\nwhile True: time.sleep(0.5)\n"
+
+
+@pytest.fixture(scope="module")
+def components(
+    gang_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FlipComponents]:
+    directory = tmp_path_factory.mktemp("flip")
+    with start_flip_components(gang_cluster, directory=directory, own_nodes=4) as parts:
+        yield parts
+
+
+@pytest.fixture
+def story_agents(gang_cluster: LocalCluster, tmp_path: Path) -> Iterator[AgentHarness]:
+    harness = AgentHarness(gang_cluster, tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.stop_all()
+
+
+@pytest.fixture
+async def kube_b(gang_cluster: LocalCluster) -> AsyncIterator[KubeClient]:
+    api = await KubeClient.connect(gang_cluster.kubeconfig)
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+async def raw(gang_cluster: LocalCluster) -> AsyncIterator[ApiClient]:
+    from kubernetes_asyncio import config
+
+    api = await config.new_client_from_config(config_file=str(gang_cluster.kubeconfig))
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@dataclass
+class Watch:
+    """What the samplers saw: the overflow taint's effects, and Ready inference replicas."""
+
+    effects: list[tuple[float, str | None]] = field(default_factory=list)
+    ready: list[tuple[float, int]] = field(default_factory=list)
+    sample_ready: bool = False
+
+    def transitions(self) -> list[str | None]:
+        changes: list[str | None] = []
+        for _, effect in self.effects:
+            if not changes or changes[-1] != effect:
+                changes.append(effect)
+        return changes
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return condition.get("status") == "True"
+    return False
+
+
+async def _inference(api: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    pods = await api.list_pods(namespace=namespace, label_selector="app=infer")
+    return [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+
+
+async def _sample(api: KubeClient, node: str, namespace: str, watch: Watch) -> None:
+    while True:
+        with contextlib.suppress(Exception):
+            found = await api.get_node(node)
+            taints = ((found or {}).get("spec") or {}).get("taints") or []
+            effects = [t.get("effect") for t in taints if t.get("key") == KEY]
+            watch.effects.append((time.monotonic(), ",".join(sorted(effects)) or None))
+            if watch.sample_ready:
+                ready = sum(1 for p in await _inference(api, namespace) if _ready(p))
+                watch.ready.append((time.monotonic(), ready))
+        await asyncio.sleep(0.25)
+
+
+async def _node_events(raw: ApiClient, node: str) -> list[Any]:
+    events = await client.CoreV1Api(raw).list_namespaced_event("default")
+    return [e for e in events.items if e.involved_object.name == node]
+
+
+async def _effect(api: KubeClient, node: str) -> str | None:
+    found = await api.get_node(node)
+    taints = ((found or {}).get("spec") or {}).get("taints") or []
+    effects = [t["effect"] for t in taints if t.get("key") == KEY]
+    return effects[0] if len(effects) == 1 else None
+
+
+async def _until_effect(api: KubeClient, node: str, effect: str, *, within: float) -> float:
+    async def reached() -> bool:
+        return await _effect(api, node) == effect
+
+    await wait_for(reached, timeout=within, interval=0.2, what=f"overflow taint {effect}")
+    return time.monotonic()
+
+
+def _create(components: FlipComponents, path: str, body: dict[str, Any]) -> None:
+    components.api.create(path, body)
+
+
+async def _node_ready(api: KubeClient, node: str, agent: AgentProcess) -> None:
+    async def ready() -> bool:
+        if agent.process is not None and agent.process.poll() is not None:
+            pytest.fail(f"agent exited:\n{agent.log_text()[-3000:]}")
+        found = await api.get_node(node)
+        for condition in ((found or {}).get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "Ready":
+                return bool(condition.get("status") == "True")
+        return False
+
+    await wait_for(ready, timeout=90, what=f"node {node} Ready")
+
+
+async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly(
+    components: FlipComponents,
+    story_agents: AgentHarness,
+    kube_b: KubeClient,
+    raw: ApiClient,
+) -> None:
+    api = kube_b
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"story-{suffix}"
+    inference_class, training_class = f"inference-{suffix}", f"training-{suffix}"
+    await client.CoreV1Api(raw).create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
+    )
+    await asyncio.to_thread(
+        _create, components, w.PRIORITY_CLASSES, w.priority_class(inference_class, 100)
+    )
+    await asyncio.to_thread(
+        _create, components, w.PRIORITY_CLASSES, w.priority_class(training_class, 1000)
+    )
+
+    agent = story_agents.start(
+        providers=[
+            {
+                "name": "cloud",
+                "offers": [
+                    {
+                        "sku": "a100",
+                        "gpu_model": "A100-80GB",
+                        "gpu_count": 1,
+                        "gpu_memory_gib": 80,
+                        "vcpus": 8,
+                        "memory_gib": 64,
+                        "price_per_hour": 1.2,
+                        "capacity": 8,
+                    }
+                ],
+            }
+        ],
+        overflow={
+            "enabled": True,
+            "prometheus": {"url": components.prometheus.url, "timeout_seconds": 2},
+            "interval_seconds": 1,
+            "open_after_seconds": 3,
+            "close_after_seconds": 5,
+        },
+    )
+    node = agent.node
+    await _node_ready(api, node, agent)
+    watch = Watch()
+    sampler = asyncio.create_task(_sample(api, node, namespace, watch))
+    try:
+        # 1. Inference serves from the own nodes.
+        deployment = w.gpu_deployment(
+            "infer",
+            namespace=namespace,
+            replicas=REPLICAS,
+            gpus=1,
+            priority_class_name=inference_class,
+            command=[PY, "-c", LOOP],
+        )
+        await asyncio.to_thread(_create, components, w.deployments_path(namespace), deployment)
+        pdb = w.pod_disruption_budget("infer", namespace=namespace, app="infer", max_unavailable=1)
+        await asyncio.to_thread(_create, components, w.pdbs_path(namespace), pdb)
+
+        async def serving_at_home() -> bool:
+            pods = await _inference(api, namespace)
+            return len(pods) == REPLICAS and all(
+                _ready(p) and p["spec"].get("nodeName") in components.nodes for p in pods
+            )
+
+        await wait_for(serving_at_home, timeout=90, interval=0.5, what="inference at home")
+        assert await _effect(api, node) == "NoSchedule"
+
+        # 2. Training arrives as one gang at high priority and takes every own GPU.
+        group = w.pod_group(
+            "train", namespace=namespace, min_count=4, priority_class_name=training_class
+        )
+        await asyncio.to_thread(_create, components, w.pod_groups_path(namespace), group)
+        for pod in w.gang_pods(
+            "train", namespace=namespace, count=4, gpus=8, priority_class_name=training_class
+        ):
+            await asyncio.to_thread(_create, components, w.pods_path(namespace), pod)
+
+        async def gang_bound() -> list[dict[str, Any]] | None:
+            pods = await api.list_pods(namespace=namespace, label_selector="gang=train")
+            bound = [p for p in pods if p["spec"].get("nodeName")]
+            return pods if len(pods) == 4 and len(bound) == 4 else None
+
+        training = await wait_for(gang_bound, timeout=120, interval=0.2, what="the gang bound")
+        admitted = time.monotonic()
+        assert {p["spec"]["nodeName"] for p in training} == set(components.nodes)
+        bind_times = [
+            next(
+                c["lastTransitionTime"]
+                for c in p["status"]["conditions"]
+                if c["type"] == "PodScheduled" and c["status"] == "True"
+            )
+            for p in training
+        ]
+        # All or nothing: the API records each bind to the second; all four within 2 s.
+        seconds = sorted(
+            int(time.mktime(time.strptime(t, "%Y-%m-%dT%H:%M:%SZ"))) for t in bind_times
+        )
+        assert seconds[-1] - seconds[0] <= 2, bind_times
+
+        opened = await _until_effect(api, node, "PreferNoSchedule", within=30)
+        assert opened - admitted <= 15, f"overflow opened {opened - admitted:.1f}s after admission"
+
+        async def overflowed() -> bool:
+            pods = await _inference(api, namespace)
+            return len(pods) == REPLICAS and all(
+                p["spec"].get("nodeName") == node and _ready(p) for p in pods
+            )
+
+        await wait_for(overflowed, timeout=45, interval=0.2, what="inference on the virtual node")
+        on_virtual = time.monotonic()
+        assert on_virtual - admitted <= 30, f"replicas Running {on_virtual - admitted:.1f}s after"
+        overflowed_pods = {p["metadata"]["name"] for p in await _inference(api, namespace)}
+
+        # 3. Kill the agent and start it again; then take Prometheus away: the flip stays open.
+        assert agent.process is not None
+        agent.process.send_signal(signal.SIGKILL)
+        agent.process.wait(timeout=30)
+        agent.start()
+        await _node_ready(api, node, agent)
+        await asyncio.sleep(0)
+        reads_before = len(watch.effects)
+        await wait_for(
+            lambda: _async(len(watch.effects) >= reads_before + 20), timeout=60, what="samples"
+        )
+        assert await _effect(api, node) == "PreferNoSchedule"
+        assert await overflowed(), "the replicas stayed where they were through the restart"
+
+        await asyncio.to_thread(components.stop_prometheus)
+
+        async def signal_lost() -> bool:
+            found = await api.get_node(node)
+            for condition in ((found or {}).get("status") or {}).get("conditions") or []:
+                if condition.get("type") == "Overflow":
+                    return bool(condition.get("reason") == "SignalUnavailable")
+            return False
+
+        await wait_for(signal_lost, timeout=30, interval=0.2, what="the signal reported lost")
+        outage_reads = len(watch.effects)
+        await wait_for(
+            lambda: _async(len(watch.effects) >= outage_reads + 20), timeout=60, what="samples"
+        )
+        assert await _effect(api, node) == "PreferNoSchedule"  # never flips on missing data
+        await asyncio.to_thread(components.start_prometheus)
+
+        # 4. Training ends: the overflow closes, the descheduler brings inference home.
+        for pod in training:
+            await api.delete_pod_now(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
+        await _until_effect(api, node, "NoSchedule", within=60)
+        watch.sample_ready = True
+        cycles: list[int] = []
+
+        async def home() -> bool:
+            pods = await _inference(api, namespace)
+            return len(pods) == REPLICAS and all(
+                _ready(p) and p["spec"].get("nodeName") in components.nodes for p in pods
+            )
+
+        deadline = time.monotonic() + 300
+        while not await home():
+            assert time.monotonic() < deadline, f"not home after {len(cycles)} cycles"
+            run = await asyncio.to_thread(components.run_descheduler_once)
+            assert run.ok, run.output[-2000:]
+            cycles.append(len(run.evictions))
+            assert all(e.node == node for e in run.evictions)
+        watch.sample_ready = False
+        assert max(cycles) == 1, cycles  # one pod per cycle, never more
+        assert sum(cycles) == len(overflowed_pods), cycles
+        assert watch.ready and min(count for _, count in watch.ready) >= PDB_MIN, watch.ready
+
+        async def no_instances() -> bool:
+            listed = [await p.list_ours() for p in local_providers(agent)]
+            return not any(listed)
+
+        await wait_for(no_instances, timeout=60, interval=0.5, what="no provider instance left")
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+
+    assert all("NoExecute" not in (effect or "") for _, effect in watch.effects)
+    assert watch.transitions() == ["NoSchedule", "PreferNoSchedule", "NoSchedule"], (
+        watch.transitions()
+    )
+    reasons = [e.reason for e in await _node_events(raw, node)]
+    assert reasons.count("OverflowOpened") == 1 and reasons.count("OverflowClosed") == 1
+    assert "OverflowSignalUnavailable" in reasons and "OverflowSignalRestored" in reasons
+
+
+async def _async(value: bool) -> bool:
+    return value
