@@ -316,11 +316,33 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
         )
         assert await _effect(api, node) == "PreferNoSchedule"  # never flips on missing data
         await asyncio.to_thread(components.start_prometheus)
+        back = time.time()
+        # The outage ends with fresh samples of the training pods (a series that vanished
+        # before the restarted Prometheus's first scrape would linger for its lookback delta).
+        fresh = (
+            f'min(timestamp(kube_pod_container_resource_requests{{namespace="{namespace}",'
+            'pod=~"train-.*"}))'
+        )
+
+        async def scraped_again() -> bool:
+            value = await asyncio.to_thread(components.prometheus.value, fresh)
+            return value is not None and value > back
+
+        await wait_for(scraped_again, timeout=60, interval=0.5, what="Prometheus scraping again")
+
+        async def signal_back() -> bool:
+            return not await signal_lost()
+
+        await wait_for(signal_back, timeout=30, interval=0.2, what="the signal back")
 
         # 4. Training ends: the overflow closes, the descheduler brings inference home.
         for pod in training:
             await api.delete_pod_now(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
-        await _until_effect(api, node, "NoSchedule", within=60)
+        try:
+            await _until_effect(api, node, "NoSchedule", within=60)
+        except BaseException:
+            _diagnose(agent, components)
+            raise
         watch.sample_ready = True
         cycles: list[int] = []
 
@@ -363,3 +385,35 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
 
 async def _async(value: bool) -> bool:
     return value
+
+
+def _diagnose(agent: AgentProcess, components: FlipComponents) -> None:
+    """What the agent's flip and Prometheus said, printed for a failing run's report."""
+    lines = [ln for ln in agent.log_text().splitlines() if "overflow" in ln.lower()]
+    print("\n".join(lines[-40:]))
+    for rule in (
+        "flip:own_gpu_allocatable:sum",
+        "flip:own_gpu_requested:sum",
+        "flip:unscheduled_gpu_requested:sum",
+    ):
+        with contextlib.suppress(Exception):
+            print(rule, components.prometheus.value(rule))
+    with contextlib.suppress(Exception):
+        for sample in components.prometheus.query(
+            'kube_pod_container_resource_requests{resource="nvidia_com_gpu"}'
+        ):
+            print(sample)
+    with contextlib.suppress(Exception):
+        print("targets up:", components.prometheus.targets_up(), components.prometheus.value("up"))
+        print(components.prometheus.log_file.read_text()[-3000:])
+    with contextlib.suppress(Exception):
+        for pod in components.api.items("/api/v1/pods"):
+            meta, spec = pod["metadata"], pod["spec"]
+            print(
+                meta["namespace"],
+                meta["name"],
+                spec.get("nodeName"),
+                pod["status"].get("phase"),
+                meta.get("deletionTimestamp"),
+                meta.get("finalizers"),
+            )
