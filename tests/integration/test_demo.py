@@ -32,7 +32,7 @@ async def test_demo_places_the_workload_cheapest_first_and_cleans_up(tmp_path: P
     env = {**os.environ, "VK_PROVIDER_STATE_DIR": str(tmp_path / "state")}
     name = f"vkt-demo-{os.getpid()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vk_provider", "demo", "--name", name],
+        [sys.executable, "-m", "vk_provider", "demo", "--short", "--name", name],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -152,7 +152,7 @@ def _cmdline(pid: int) -> str:
 async def _start_demo(tmp_path: Path, name: str) -> tuple[subprocess.Popen[str], LocalCluster]:
     env = {**os.environ, "VK_PROVIDER_STATE_DIR": str(tmp_path / "state")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vk_provider", "demo", "--name", name],
+        [sys.executable, "-m", "vk_provider", "demo", "--short", "--name", name],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

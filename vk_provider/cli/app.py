@@ -364,9 +364,23 @@ def check_config(
 @app.command("demo")
 def demo(
     name: str = typer.Option("vk-demo", "--name", help="Name of the demo's local cluster."),
+    short: bool = typer.Option(
+        False,
+        "--short",
+        help="The short demo: three pods pinned to the virtual node on three simulated "
+        "clouds, no overflow story.",
+    ),
+    training_seconds: float = typer.Option(
+        45, "--training-seconds", min=0, help="How long the training gang holds the GPUs."
+    ),
+    descheduling_interval: str = typer.Option(
+        "10s", "--descheduling-interval", help="The descheduler's pace (one pod per cycle)."
+    ),
 ) -> None:
-    """Start a local control plane and keep it running until Ctrl-C, then tear it down."""
+    """Tell the overflow story on this machine (or, with --short, the short demo), keep the
+    cluster up until Ctrl-C, then tear everything down."""
     from vk_provider.cluster.demo import run_demo
+    from vk_provider.cluster.story import StoryOptions, run_story
 
     stop = threading.Event()
 
@@ -377,7 +391,22 @@ def demo(
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     try:
-        run_demo(name=name, binaries=obtain_binaries(), stop=stop, console=console, out=out)
+        binaries = obtain_binaries()
+        if short:
+            run_demo(name=name, binaries=binaries, stop=stop, console=console, out=out)
+            return
+        options = StoryOptions(
+            training_seconds=training_seconds, descheduling_interval=descheduling_interval
+        )
+        run_story(
+            name=name,
+            binaries=binaries,
+            tools=obtain_flip_tools(),
+            stop=stop,
+            console=console,
+            out=out,
+            options=options,
+        )
     except (ClusterError, RuntimeError) as exc:
         raise _fail(str(exc)) from exc
 

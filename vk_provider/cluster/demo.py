@@ -19,6 +19,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -199,6 +201,28 @@ def _stop_local_instances(config_path: Path) -> None:
     asyncio.run(stop_all())
 
 
+def wait_agent_ready(
+    rest_port: int, agent: subprocess.Popen[bytes], log: Path, within: float = 180
+) -> None:
+    """Wait until the agent's ``/readyz`` says 200 (its node is registered and served).
+
+    The demo says "running" only after this, so whoever reads its output (a person, a test)
+    can rely on the node being there. Fails at once when the agent exits."""
+    deadline = time.monotonic() + within
+    url = f"http://127.0.0.1:{rest_port}/readyz"
+    while time.monotonic() < deadline:
+        if agent.poll() is not None:
+            raise RuntimeError(f"the agent exited at start-up; see {log}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:  # noqa: S310 - loopback
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass  # not listening yet, or 503 while the node registers
+        time.sleep(0.5)
+    raise RuntimeError(f"the agent did not become ready within {within:.0f} s; see {log}")
+
+
 def agent_log_path(name: str) -> Path:
     """Where the demo's agent logs: outside the cluster's directory, so it outlives ``down``."""
     return state_root() / "demo" / name / "agent.log"
@@ -262,9 +286,7 @@ def run_demo(
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent,  # the demo is single-threaded here
             )
-        time.sleep(1.0)
-        if agent.poll() is not None:
-            raise RuntimeError(f"the agent exited at start-up; see {log_path}")
+        wait_agent_ready(rest_port, agent, log_path)
         cluster.create_object(
             f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", demo_deployment()
         )

@@ -1,0 +1,96 @@
+"""`vk-provider demo` tells the overflow story on a fresh machine and leaves nothing behind.
+
+The real command in a child process, with a short training and a fast descheduler so the
+whole story fits in a few minutes; its printed timeline, final state, picture and cleanup
+are checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_demo import _alive, _descendants
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+
+PHASES = [
+    "inference serves at home",
+    "training arrives (a gang)",
+    "overflow opens",
+    "inference on rented GPUs",
+    "training ends",
+    "overflow closes",
+    "inference moves home",
+    "done",
+]
+
+
+async def test_the_demo_tells_the_story_and_cleans_up(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    name = f"vkt-story-{os.getpid()}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vk_provider",
+            "demo",
+            "--name",
+            name,
+            "--training-seconds",
+            "5",
+            "--descheduling-interval",
+            "3s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "VK_PROVIDER_STATE_DIR": str(state), "COLUMNS": "200"},
+    )
+    seen: list[str] = []
+    started: list[int] = []
+    try:
+        assert proc.stdout is not None
+        while True:
+            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout=900)
+            assert line, "the demo ended early:\n" + "".join(seen[-60:])
+            seen.append(line)
+            if "Press Ctrl-C" in line:
+                break
+        started = _descendants(proc.pid)
+        text = "".join(seen)
+        marks = [ln.strip().removeprefix("── ") for ln in seen if ln.startswith("── ")]
+        assert marks == PHASES, marks
+        assert "0 cloud instance(s) left" in text
+        rows = [ln.split() for ln in seen if re.match(r"^\s*\d+s\s", ln)]
+        assert rows, text
+        # The last row: everything home, nothing on the virtual node, overflow closed, $0/h.
+        last = rows[-1]
+        assert last[-2:] == ["closed", "0.00"] and last[-5] == "0", last
+        # Inference was on the virtual node at the two cheapest clouds while training ran.
+        during = [r for r in rows if "rented" in r]
+        assert during and all(r[-1] == "8.04" for r in during), during
+        picture = Path(re.search(r"picture of the run: (\S+)", text).group(1))  # type: ignore[union-attr]
+        svg = ET.fromstring(picture.read_text())  # noqa: S314 - our own output
+        classes = {e.get("class") for e in svg.iter()}
+        assert {"home", "virtual", "waiting", "own-gpus", "overflow-open"} <= classes
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(proc.wait, 120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    assert [pid for pid in started if _alive(pid)] == []
+    leftovers = subprocess.run(["pgrep", "-af", name], capture_output=True, text=True, check=False)
+    assert name not in leftovers.stdout.replace("pgrep -af " + name, "")

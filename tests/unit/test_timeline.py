@@ -1,0 +1,120 @@
+"""The flip story's timeline (``cluster.timeline``): samples from API objects, the printed
+rows, and the picture."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from vk_provider.cluster.timeline import HEADER, Sample, line, overflow_state, render_svg, snapshot
+
+NODE = {"metadata": {"name": "vk-gpu"}, "spec": {"taints": []}}
+
+
+def pod(
+    name: str,
+    node: str | None,
+    *,
+    phase: str = "Running",
+    ready: bool = True,
+    gpus: int = 1,
+    price: str | None = None,
+    deleting: bool = False,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "annotations": {}}
+    if price is not None:
+        metadata["annotations"]["vk-provider.io/price-per-hour"] = price
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    return {
+        "metadata": metadata,
+        "spec": {
+            "nodeName": node,
+            "containers": [{"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+        },
+        "status": {
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def with_taint(effect: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "vk-gpu"},
+        "spec": {"taints": [{"key": "virtual-kubelet.io/provider", "effect": effect}]},
+    }
+
+
+def test_each_inference_pod_is_counted_once_where_it_runs() -> None:
+    inference = [
+        pod("a", "gpu-node-0"),
+        pod("b", "gpu-node-1", ready=False),  # bound at home, not Ready yet: waiting
+        pod("c", "vk-gpu", price="1.29"),
+        pod("d", "vk-gpu", phase="Pending", price="1.39"),  # placed, not Running: waiting
+        pod("e", None, phase="Pending"),
+        pod("f", "vk-gpu", deleting=True, price="9"),  # being evicted: not counted
+        pod("g", "gpu-node-0", phase="Succeeded"),
+    ]
+    training = [pod("t0", "gpu-node-0", gpus=8), pod("t1", None, phase="Pending", gpus=8)]
+    sample = snapshot(
+        t=3.0,
+        phase="p",
+        virtual_node=with_taint("PreferNoSchedule"),
+        own_nodes=["gpu-node-0", "gpu-node-1"],
+        own_gpus=16,
+        inference=inference,
+        training=training,
+    )
+    assert (sample.home, sample.virtual, sample.waiting) == (1, 1, 3)
+    assert sample.training == 1
+    assert sample.own_gpus_used == 1 + 1 + 8  # a, b and t0 hold own GPUs
+    assert sample.per_hour == 1.29
+    assert sample.overflow == "open"
+
+
+def test_overflow_state_from_the_taint() -> None:
+    assert overflow_state(with_taint("NoSchedule")) == "closed"
+    assert overflow_state(with_taint("PreferNoSchedule")) == "open"
+    assert overflow_state(NODE) == "?"
+    assert overflow_state(None) == "?"
+
+
+def test_a_row_lines_up_with_the_header() -> None:
+    sample = Sample(12.0, "overflow opens", 0, 6, 0, 4, 32, 32, "open", 8.04)
+    row = line(sample)
+    assert row.split() == ["12s", "overflow", "opens", "0", "6", "0", "4", "32/32", "open", "8.04"]
+    assert len(row) <= len(HEADER) + 2
+
+
+def story() -> list[Sample]:
+    return [
+        Sample(0, "inference serves at home", 6, 0, 0, 0, 6, 32, "closed", 0),
+        Sample(10, "training arrives", 0, 0, 6, 4, 32, 32, "closed", 0),
+        Sample(20, "overflow opens", 0, 6, 0, 4, 32, 32, "open", 8.04),
+        Sample(40, "training ends", 0, 6, 0, 0, 0, 32, "open", 8.04),
+        Sample(50, "inference moves home", 3, 3, 0, 0, 3, 32, "closed", 4.0),
+        Sample(60, "done", 6, 0, 0, 0, 6, 32, "closed", 0),
+    ]
+
+
+def test_the_picture_is_a_standalone_svg_of_the_run() -> None:
+    svg = render_svg(story(), title="the story <&>", replicas=6)
+    root = ET.fromstring(svg)  # noqa: S314 - our own output
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    polygons = {p.get("class"): p for p in root.findall("s:polygon", ns)}
+    assert set(polygons) == {"home", "virtual", "waiting"}
+    assert len(polygons["home"].get("points", "").split()) == 2 * len(story())
+    (gpus,) = root.findall("s:polyline", ns)
+    assert len(gpus.get("points", "").split()) == len(story())
+    # The overflow was open from t=20 to t=50: one shaded band, 30/60 of the width.
+    (band,) = [r for r in root.findall("s:rect", ns) if r.get("class") == "overflow-open"]
+    width = float(band.get("width", "0"))
+    assert abs(width - (960 - 70 - 30) * 30 / 60) < 1
+    phases = [t.text for t in root.findall("s:text", ns) if t.text in {s.phase for s in story()}]
+    assert phases == [s.phase for s in story()]
+    assert "the story &lt;&amp;&gt;" in svg
+
+
+def test_an_empty_run_still_draws() -> None:
+    ET.fromstring(render_svg([], title="nothing", replicas=6))  # noqa: S314 - ours

@@ -1,0 +1,477 @@
+"""`vk-provider demo`: the overflow story (PRODUCT.md §12), told on this machine.
+
+1. A local control plane with native gang scheduling; four KWOK nodes x 8 GPUs are the
+   cluster's own GPUs; kube-state-metrics and Prometheus give the flip its signal; the
+   descheduler runs as a daemon with the shipped policy (``cluster.flip``).
+2. The agent (``vk-provider run``) registers the virtual node with three simulated clouds and
+   the overflow flip on.
+3. Inference — a Deployment of six 1-GPU replicas at a low PriorityClass, with a
+   PodDisruptionBudget — serves from the own nodes.
+4. Training — a gang of four 8-GPU pods at a high PriorityClass — arrives, takes every own GPU
+   and evicts inference; the overflow opens; inference runs on the virtual node at the
+   cheapest clouds.
+5. Training ends; the overflow closes; the descheduler moves inference home one pod per
+   cycle; no cloud instance is left.
+
+It prints a live timeline (``timeline.line``) and writes a picture of the run
+(``timeline.render_svg``) whenever the phase changes and at the end; then it keeps the
+cluster up for exploration until Ctrl-C. Invariant: every process it started is stopped
+before it returns, and no simulated instance outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from vk_provider.cluster.binaries import Binaries
+from vk_provider.cluster.cluster import LocalCluster, free_ports, port_is_free
+from vk_provider.cluster.demo import (
+    DEFAULT_REST_PORT,
+    _die_with_parent,
+    _quietly,
+    _stop_local_instances,
+    agent_log_path,
+)
+from vk_provider.cluster.flags import GANG_SCHEDULING
+from vk_provider.cluster.flip import workloads as w
+from vk_provider.cluster.flip.stack import FlipComponents, start_flip_components
+from vk_provider.cluster.flip.tools import FlipTools
+from vk_provider.cluster.timeline import HEADER, Sample, line, render_svg, snapshot
+from vk_provider.settings.paths import state_root
+
+NODE_NAME = "vk-gpu"
+NAMESPACE = "ml"
+INFERENCE, TRAINING = "inference", "training"
+GANG_SIZE, GANG_GPUS = 4, 8
+SERVER_SCRIPT = """\
+import os, time
+print(f"model server {os.environ['POD_NAME']} serving", flush=True)
+while True:
+    time.sleep(5)
+    print("served a batch", flush=True)
+"""
+
+# Three simulated clouds; the two cheapest can hold every replica between them.
+CLOUDS: list[dict[str, Any]] = [
+    {
+        "name": "sim-lambda",
+        "offers": [
+            {
+                "sku": "gpu_1x_a100",
+                "gpu_model": "A100-80GB",
+                "gpu_count": 1,
+                "gpu_memory_gib": 80,
+                "vcpus": 30,
+                "memory_gib": 200,
+                "price_per_hour": 1.29,
+                "capacity": 3,
+                "region": "us-east-1",
+                "startup_seconds": 2,
+            }
+        ],
+    },
+    {
+        "name": "sim-runpod",
+        "offers": [
+            {
+                "sku": "a100-80gb",
+                "gpu_model": "A100-80GB",
+                "gpu_count": 1,
+                "gpu_memory_gib": 80,
+                "vcpus": 8,
+                "memory_gib": 64,
+                "price_per_hour": 1.39,
+                "capacity": 4,
+                "region": "eu-ro-1",
+                "startup_seconds": 3,
+            }
+        ],
+    },
+    {
+        "name": "sim-modal",
+        "offers": [
+            {
+                "sku": "h100",
+                "gpu_model": "H100",
+                "gpu_count": 1,
+                "gpu_memory_gib": 80,
+                "vcpus": 8,
+                "memory_gib": 64,
+                "price_per_hour": 3.95,
+                "capacity": 4,
+                "region": "us-west",
+                "startup_seconds": 1,
+            }
+        ],
+    },
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StoryOptions:
+    replicas: int = 6
+    own_nodes: int = 4
+    training_seconds: float = 45.0
+    descheduling_interval: str = "10s"
+    sample_seconds: float = 2.0
+    phase_timeout_seconds: float = 300.0
+
+
+def story_config(
+    *,
+    kubelet_port: int,
+    rest_port: int,
+    token_file: Path,
+    state_dir: Path,
+    client_ca: Path,
+    prometheus_url: str,
+) -> dict[str, Any]:
+    return {
+        "node": {"name": NODE_NAME, "address": "127.0.0.1"},
+        "kubelet_api": {"listen": f"127.0.0.1:{kubelet_port}", "client_ca_file": str(client_ca)},
+        "rest": {"listen": f"127.0.0.1:{rest_port}", "static_token": f"file:{token_file}"},
+        "providers": [
+            {"type": "local", "enabled": True, "state_dir": str(state_dir / c["name"]), **c}
+            for c in CLOUDS
+        ],
+        "overflow": {
+            "enabled": True,
+            "prometheus": {"url": prometheus_url},
+            "interval_seconds": 2,
+            "open_after_seconds": 4,
+            "close_after_seconds": 10,
+        },
+    }
+
+
+def inference_deployment(replicas: int) -> dict[str, Any]:
+    deployment = w.gpu_deployment(
+        "infer",
+        namespace=NAMESPACE,
+        replicas=replicas,
+        gpus=1,
+        priority_class_name=INFERENCE,
+        command=[sys.executable, "-c", SERVER_SCRIPT],
+    )
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    ]
+    return deployment
+
+
+def picture_path(name: str) -> Path:
+    return state_root() / "demo" / name / "story.svg"
+
+
+class Stopped(Exception):
+    """Ctrl-C during the story."""
+
+
+class Story:
+    """Samples the cluster, prints the timeline and keeps the picture current."""
+
+    def __init__(
+        self,
+        parts: FlipComponents,
+        *,
+        options: StoryOptions,
+        stop: threading.Event,
+        out: Console,
+        picture: Path,
+        agent: subprocess.Popen[bytes],
+        log_path: Path,
+    ) -> None:
+        self.parts, self.api = parts, parts.api
+        self.options = options
+        self.stop = stop
+        self.out = out
+        self.picture = picture
+        self.agent = agent
+        self.log_path = log_path
+        self.samples: list[Sample] = []
+        self.phase = ""
+        self.start = time.monotonic()
+
+    def sample(self) -> Sample:
+        pods = self.api.items(w.pods_path(NAMESPACE))
+        inference = [p for p in pods if (p["metadata"].get("labels") or {}).get("app") == "infer"]
+        training = [p for p in pods if (p["metadata"].get("labels") or {}).get("gang") == "train"]
+        current = snapshot(
+            t=time.monotonic() - self.start,
+            phase=self.phase,
+            virtual_node=self.api.get(f"/api/v1/nodes/{NODE_NAME}"),
+            own_nodes=self.parts.nodes,
+            own_gpus=float(len(self.parts.nodes) * GANG_GPUS),
+            inference=inference,
+            training=training,
+        )
+        self.samples.append(current)
+        self.out.print(line(current), highlight=False)
+        return current
+
+    def draw(self) -> None:
+        self.picture.parent.mkdir(parents=True, exist_ok=True)
+        title = "vk-provider: training takes the GPUs, inference overflows, then moves home"
+        self.picture.write_text(
+            render_svg(self.samples, title=title, replicas=self.options.replicas)
+        )
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        self.out.print(f"[bold]── {phase}[/]")
+        self.draw()
+
+    def until(self, done: Callable[[Sample], bool], *, within: float | None = None) -> Sample:
+        deadline = time.monotonic() + (within or self.options.phase_timeout_seconds)
+        while True:
+            if self.stop.is_set():
+                raise Stopped
+            if self.agent.poll() is not None:
+                raise RuntimeError(
+                    f"the agent exited with code {self.agent.returncode}; see {self.log_path}"
+                )
+            current = self.sample()
+            if done(current):
+                return current
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the story got stuck at {self.phase!r}; see {self.log_path}")
+            self.stop.wait(self.options.sample_seconds)
+
+    def run(self) -> None:
+        replicas = self.options.replicas
+        self.out.print("\n" + HEADER, highlight=False)
+        self.enter("inference serves at home")
+        self.until(lambda s: s.home == replicas)
+        self.enter("training arrives (a gang)")
+        group = w.pod_group(
+            "train", namespace=NAMESPACE, min_count=GANG_SIZE, priority_class_name=TRAINING
+        )
+        self.api.create(w.pod_groups_path(NAMESPACE), group)
+        for pod in w.gang_pods(
+            "train",
+            namespace=NAMESPACE,
+            count=GANG_SIZE,
+            gpus=GANG_GPUS,
+            priority_class_name=TRAINING,
+        ):
+            self.api.create(w.pods_path(NAMESPACE), pod)
+        self.until(lambda s: s.training == GANG_SIZE)
+        self.enter("overflow opens")
+        self.until(lambda s: s.overflow == "open" and s.virtual == replicas)
+        self.enter("inference on rented GPUs")
+        held = time.monotonic() + self.options.training_seconds
+        self.until(lambda s: time.monotonic() >= held)
+        self.enter("training ends")
+        for index in range(GANG_SIZE):
+            self.api.delete(f"{w.pods_path(NAMESPACE)}/train-{index}", grace_seconds=0)
+        self.api.delete(f"{w.pod_groups_path(NAMESPACE)}/train")
+        self.until(lambda s: s.training == 0)
+        self.enter("overflow closes")
+        self.until(lambda s: s.overflow == "closed")
+        self.enter("inference moves home")
+        self.until(lambda s: s.home == replicas and s.virtual == 0)
+        self.enter("done")
+        self.sample()
+        self.draw()
+
+
+def _start_agent(
+    config_path: Path, kubeconfig: Path, state_dir: Path, log_path: Path
+) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log_file:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vk_provider",
+                "run",
+                "--config",
+                str(config_path),
+                "--kubeconfig",
+                str(kubeconfig),
+                "--state-dir",
+                str(state_dir),
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,  # the demo is single-threaded here
+        )
+
+
+def _wait_node_ready(parts: FlipComponents, agent: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if agent.poll() is not None:
+            raise RuntimeError(f"the agent exited at start-up; see {log}")
+        node = parts.api.get(f"/api/v1/nodes/{NODE_NAME}") or {}
+        for condition in (node.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "Ready" and condition.get("status") == "True":
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"the virtual node did not become Ready; see {log}")
+
+
+def run_story(
+    *,
+    name: str,
+    binaries: Binaries,
+    tools: FlipTools,
+    stop: threading.Event,
+    console: Console,
+    out: Console,
+    options: StoryOptions = StoryOptions(),
+) -> None:
+    cluster = LocalCluster(name)
+    parts: FlipComponents | None = None
+    agent: subprocess.Popen[bytes] | None = None
+    config_path = cluster.directory / "demo-agent.yaml"
+    say = _quietly(console)
+    picture = picture_path(name)
+    try:
+        kubeconfig = cluster.up(binaries, flags=GANG_SCHEDULING, say=lambda m: say(f"  {m}"))
+        say("  starting KWOK (own GPU nodes), kube-state-metrics and Prometheus")
+        parts = start_flip_components(
+            cluster,
+            directory=cluster.directory / "flip",
+            own_nodes=options.own_nodes,
+            tools=tools,
+        )
+        state_dir = cluster.directory / "agent"
+        kubelet_port, spare = free_ports(2)
+        rest_port = DEFAULT_REST_PORT if port_is_free(DEFAULT_REST_PORT) else spare
+        token_file = cluster.directory / "rest-token"
+        token_file.write_text(secrets.token_urlsafe(24))
+        token_file.chmod(0o600)
+        config = story_config(
+            kubelet_port=kubelet_port,
+            rest_port=rest_port,
+            token_file=token_file,
+            state_dir=state_dir,
+            client_ca=cluster.pki.ca.cert,
+            prometheus_url=parts.prometheus.url,
+        )
+        config_path.write_text(yaml.safe_dump(config))
+        log_path = agent_log_path(name)
+        say(f"  starting the agent (log: {log_path})")
+        agent = _start_agent(config_path, kubeconfig, state_dir, log_path)
+        _wait_node_ready(parts, agent, log_path)
+        api = parts.api
+        api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}, exist_ok=True)
+        api.create(w.PRIORITY_CLASSES, w.priority_class(INFERENCE, 100), exist_ok=True)
+        api.create(w.PRIORITY_CLASSES, w.priority_class(TRAINING, 1000), exist_ok=True)
+        api.create(w.deployments_path(NAMESPACE), inference_deployment(options.replicas))
+        api.create(
+            w.pdbs_path(NAMESPACE),
+            w.pod_disruption_budget("infer", namespace=NAMESPACE, app="infer"),
+        )
+        parts.start_descheduler(interval=options.descheduling_interval)
+        bin_dir = Path(sys.executable).parent
+        out.print(f"\n[bold]vk-provider demo[/]: the overflow story on cluster {name!r}")
+        out.print(f"  own GPU nodes  {', '.join(parts.nodes)} (KWOK, 8 GPUs each)")
+        out.print(f"  virtual node   {NODE_NAME}, clouds {', '.join(c['name'] for c in CLOUDS)}")
+        out.print(f"  Prometheus     {parts.prometheus.url}")
+        out.print(f"  picture        {picture}")
+        out.print("  Watch from another terminal:", highlight=False)
+        out.print(f"    export PATH={bin_dir}:$PATH KUBECONFIG={kubeconfig}", highlight=False)
+        out.print(f"    kubectl get pods -n {NAMESPACE} -o wide -w", highlight=False)
+        story = Story(
+            parts,
+            options=options,
+            stop=stop,
+            out=out,
+            picture=picture,
+            agent=agent,
+            log_path=log_path,
+        )
+        try:
+            story.run()
+            instances = _wait_no_instances(config_path, stop)
+        except Stopped:
+            story.draw()
+            return
+        out.print(
+            f"\n[bold green]The story is over[/]: inference is home, the overflow is closed, "
+            f"{instances} cloud instance(s) left."
+        )
+        out.print(f"  picture of the run: {picture}  (open it in a browser)")
+        out.print("\nExplore (the cluster stays up until Ctrl-C):", highlight=False)
+        out.print(f"  export PATH={bin_dir}:$PATH KUBECONFIG={kubeconfig}", highlight=False)
+        out.print(
+            f"  kubectl describe node {NODE_NAME}   # the Overflow condition", highlight=False
+        )
+        out.print(
+            "  kubectl get events -n default --field-selector involvedObject.kind=Node",
+            highlight=False,
+        )
+        out.print(f"  export VK_PROVIDER_URL=http://127.0.0.1:{rest_port}", highlight=False)
+        out.print(f"  export VK_PROVIDER_TOKEN=$(cat {token_file})", highlight=False)
+        out.print(
+            "  vk-provider overflow; vk-provider pods; vk-provider providers", highlight=False
+        )
+        out.print("\nPress Ctrl-C to stop everything.")
+        while not stop.is_set():
+            if agent.poll() is not None:
+                raise RuntimeError(f"the agent exited; its log is kept at {log_path}")
+            stop.wait(1.0)
+    finally:
+        say("\nstopping the demo")
+        if parts is not None:
+            with contextlib.suppress(Exception):
+                parts.stop_descheduler()
+        if agent is not None and agent.poll() is None:
+            agent.terminate()
+            try:
+                agent.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+        if config_path.exists():
+            with contextlib.suppress(Exception):
+                _stop_local_instances(config_path)
+        if parts is not None:
+            with contextlib.suppress(Exception):
+                parts.stop()
+        cluster.down(say=lambda m: say(f"  {m}"))
+
+
+def _wait_no_instances(config_path: Path, stop: threading.Event, within: float = 60) -> int:
+    """Cloud instances left once the last termination finished (0, unless one is stuck)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = _count_local_instances(config_path)
+        if left == 0 or time.monotonic() > deadline or stop.is_set():
+            return left
+        stop.wait(1.0)
+
+
+def _count_local_instances(config_path: Path) -> int:
+    import asyncio
+
+    from providers.local.adapter import LocalProvider
+    from providers.local.config import LocalProviderConfig
+    from vk_provider.runtime.registry import Registry
+
+    async def count() -> int:
+        config = Registry.default().load_config(config_path)
+        total = 0
+        for entry in config.providers:
+            if isinstance(entry, LocalProviderConfig):
+                provider = LocalProvider(entry, state_dir=Path(str(entry.state_dir)))
+                total += len(await provider.list_ours())
+        return total
+
+    return asyncio.run(count())
