@@ -156,6 +156,7 @@ class Core:
             intervals=self.intervals,
             workers=4,
             observer=self.metrics,
+            queue_observer=self.metrics.work_queue("pods"),
             now=loop_now,
         )
         self.preview = PlacementPreview(

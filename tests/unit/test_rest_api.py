@@ -773,10 +773,10 @@ async def test_metrics_are_open_and_in_prometheus_text(client: httpx.AsyncClient
     assert sample(text, 'vk_provider_pods{phase="Pending",provider="beta"}') == 1
     for provider, state in (("alpha", "closed"), ("beta", "half-open"), ("gamma", "open")):
         labels = f'provider="{provider}",state="{state}"'
-        assert sample(text, f"vk_provider_provider_circuit_state{{{labels}}}") == 1
-    assert sample(text, 'vk_provider_provider_circuit_state{provider="gamma",state="closed"}') == 0
-    assert sample(text, 'vk_provider_provider_up{provider="alpha"}') == 1
-    assert sample(text, 'vk_provider_provider_up{provider="gamma"}') == 0
+        assert sample(text, f"vk_provider_circuit_breaker_state{{{labels}}}") == 1
+    assert sample(text, 'vk_provider_circuit_breaker_state{provider="gamma",state="closed"}') == 0
+    assert sample(text, 'vk_provider_up{provider="alpha"}') == 1
+    assert sample(text, 'vk_provider_up{provider="gamma"}') == 0
     assert (
         sample(text, 'vk_provider_offer_cheapest_price_dollars_per_hour{gpu="A100-80GB"}') == 1.39
     )
@@ -788,19 +788,23 @@ async def test_metrics_are_open_and_in_prometheus_text(client: httpx.AsyncClient
         text, 'vk_provider_spend_dollars_total{namespace="ml",provider="alpha"}'
     ) == pytest.approx(9.96)
     # Every provider call went through the guard, which observed it.
-    count = (
-        'vk_provider_provider_request_duration_seconds_count{operation="offers",provider="alpha"}'
-    )
+    count = 'vk_provider_request_duration_seconds_count{operation="offers",provider="alpha"}'
     assert sample(text, count) == 1
     errors = (
-        'vk_provider_provider_errors_total{error="Transient",operation="offers",provider="gamma"}'
+        'vk_provider_request_errors_total{error="Transient",operation="offers",provider="gamma"}'
     )
     assert sample(text, errors) == 1
     for name in (
         "vk_provider_placement_attempts_total",
         "vk_provider_launch_failures_total",
         "vk_provider_reconcile_duration_seconds",
-        "vk_provider_orphans_terminated_total",
+        "vk_provider_instances_terminated_total",
+        "vk_provider_pod_start_duration_seconds",
+        "vk_provider_workqueue_depth",
+        "vk_provider_workqueue_adds_total",
+        "vk_provider_workqueue_queue_duration_seconds",
+        "vk_provider_workqueue_work_duration_seconds",
+        "vk_provider_workqueue_retries_total",
         "vk_provider_lease_renewal_failures_total",
     ):
         assert f"# TYPE {name} " in text

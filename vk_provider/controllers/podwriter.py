@@ -6,7 +6,8 @@ change anything is not written at all.
 
 Invariants: status goes through ``/status`` only when ``status_changed``; annotation writes
 carry the pod's UID as a precondition; Events never fail a sync (the recorder swallows
-API errors).
+API errors); the first write of phase Running of a pod (by UID) reports its start latency,
+from its binding, to the observer — once per pod, not again after a crash loop.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+from vk_provider.controllers.observer import NO_OBSERVER, ControllerObserver
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.domain import explain
 from vk_provider.domain.models import Instance
@@ -40,12 +42,15 @@ class PodWriter:
         recorder: EventRecorder,
         host_ip: str,
         now: Callable[[], datetime],
+        observer: ControllerObserver = NO_OBSERVER,
     ) -> None:
         self._kube = kube
         self._store = store
         self._events = recorder
         self._host_ip = host_ip
         self._now = now
+        self._observer = observer
+        self._started: set[str] = set()  # UIDs whose Running was reported (until forgotten)
 
     async def status(
         self,
@@ -70,12 +75,25 @@ class PodWriter:
         if status_changed(pod.raw.get("status") or {}, wanted):
             updated = await self._kube.patch_pod_status(pod.namespace, pod.name, wanted)
             self._store.update(updated)
+            if wanted.get("phase") == "Running" and pod.phase != "Running":
+                self._first_running(pod)
+
+    def _first_running(self, pod: PodView) -> None:
+        if pod.uid in self._started:
+            return
+        self._started.add(pod.uid)
+        bound = pod.bound_at
+        if bound is not None:
+            provider = pod.placed.provider if pod.placed else "unknown"
+            self._observer.pod_started(provider, (self._now() - bound).total_seconds())
 
     async def event(self, pod: PodView, event: explain.Event) -> None:
         await self._events.record(pod.raw, event.kind, event.reason, event.message)
 
     def forget_events(self, uid: str) -> None:
+        """The pod is gone: forget what was recorded about it (Events, its start)."""
         self._events.forget(uid)
+        self._started.discard(uid)
 
     async def placed(
         self, pod: PodView, instance: Instance, *, offer_key: str, price: float, explanation: str

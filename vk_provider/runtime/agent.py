@@ -37,6 +37,7 @@ from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.overflow import OverflowController
 from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.podwatch import PodStore, PodWatch
+from vk_provider.controllers.preview import PlacementPreview
 from vk_provider.controllers.prometheus import PrometheusSignal
 from vk_provider.controllers.reconcile import Reconciler
 from vk_provider.domain.breaker import CircuitBreaker
@@ -163,6 +164,7 @@ class Agent:
             intervals=intervals,
             workers=config.workers,
             observer=metrics,
+            queue_observer=metrics.work_queue("pods"),
         )
         watch = PodWatch(
             kube,
@@ -220,6 +222,10 @@ class Agent:
             readiness=readiness,
             overdue=lambda: reconciler.overdue,
             overflow=overflow.view if overflow is not None else None,
+            instances=pods.tracker.all,
+            preview=PlacementPreview(
+                launcher=launcher, offers=offers, node_name=config.node.name, host_ip=address
+            ).preview,
         )
         metrics.attach(view)
         rest_cfg = config.rest
