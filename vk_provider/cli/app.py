@@ -42,6 +42,7 @@ from vk_provider.cluster.cluster import LocalCluster
 from vk_provider.cluster.errors import ClusterError
 from vk_provider.domain.placement import CapacityType
 from vk_provider.runtime.registry import Registry
+from vk_provider.settings.schema import SCHEMA_HINT
 from vk_provider.settings.secrets import ConfigError
 
 app = typer.Typer(
@@ -50,7 +51,9 @@ app = typer.Typer(
     add_completion=False,
 )
 cluster_app = typer.Typer(help="A real local Kubernetes control plane.", no_args_is_help=True)
+config_app = typer.Typer(help="The agent's configuration file.", no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(config_app, name="config")
 app.add_typer(local_app, name="local")
 
 # No emoji: a message like "credential env:KEY:" must not turn into a picture of a key.
@@ -234,11 +237,22 @@ def check_config(
         state = state_dir or default_state_dir(settings)
         asyncio.run(preflight(settings, registry, state_dir=state))
     except ConfigError as exc:
-        raise _fail(f"{path} is invalid:\n{exc}", code=2) from exc
+        raise _fail(f"{path} is invalid:\n{exc}\n{SCHEMA_HINT}", code=2) from exc
     names = ", ".join(f"{p.name} ({p.type})" for p in settings.providers)
     out.print(f"{path}: valid. Node {settings.node.name}; providers: {names}", highlight=False)
     for note in registry.requirements(settings):
         out.print(f"note: {note}", highlight=False, markup=False)
+
+
+@config_app.command("schema")
+def config_schema() -> None:
+    """Print the JSON Schema of the configuration file, every installed provider type
+    included: point your editor at it for completion and checks (docs/configuration.md)."""
+    try:
+        schema = Registry.default().config_schema()
+    except ConfigError as exc:
+        raise _fail(str(exc), code=2) from exc
+    typer.echo(json.dumps(schema, indent=2))
 
 
 @app.command("demo")
