@@ -8,6 +8,9 @@ half-open, ``gamma`` open); the dry run is the agent's own (``controllers.previe
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,6 +27,7 @@ from tests.unit.test_rest_api import (
     client_for,
     review_auth,
 )
+from vk_provider.api.schemas import GpuCatalogOut, GpuGroupOut, GpuRowOut
 from vk_provider.domain.budget import BudgetCaps
 
 
@@ -264,3 +268,16 @@ async def test_spend_says_each_cap_what_is_held_and_what_is_left() -> None:
     ]
     # The fields that were there before are unchanged.
     assert set(spend) == {"total", "providers", "namespaces", "entries", "budget"}
+
+
+def test_the_documented_offers_json_has_exactly_the_fields_of_the_api() -> None:
+    """docs/operating.md documents `vk-provider offers -o json`: its example has every field."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
+    block = re.search(r"```jsonc\n(.*?)```", text, re.S)
+    assert block is not None
+    example = json.loads(re.sub(r"//[^\n]*", "", block.group(1)))
+    assert set(example) == set(GpuCatalogOut.model_fields)
+    group = example["gpus"][0]
+    assert set(group) == set(GpuGroupOut.model_fields)
+    assert set(group["rows"][0]) == set(GpuRowOut.model_fields)
+    GpuCatalogOut.model_validate(example)
