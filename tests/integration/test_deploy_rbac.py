@@ -139,7 +139,16 @@ async def test_rest_api_authorises_every_route_with_the_viewer_role(
             return agent.rest_url()
 
         base = await wait_for(url, timeout=30, what="the REST API to listen")
-        routes = ["/v1/providers", "/v1/providers/local-a", "/v1/offers", "/v1/pods", "/v1/spend"]
+        routes = [
+            "/v1/providers",
+            "/v1/providers/local-a",
+            "/v1/offers",
+            "/v1/gpus",
+            "/v1/pods",
+            "/v1/spend",
+            "/v1/overflow",
+        ]
+        pod = {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}}
         async with httpx.AsyncClient(base_url=base, timeout=15) as http:
 
             async def ready() -> bool:
@@ -152,6 +161,12 @@ async def test_rest_api_authorises_every_route_with_the_viewer_role(
                 assert f"system:serviceaccount:{namespace}:nobody" in refused.text
                 allowed = await http.get(path, headers={"Authorization": f"Bearer {viewer}"})
                 assert allowed.status_code == 200, (path, allowed.text)
+            # The dry run is create on placements.vk-provider.io, which the viewer role has.
+            for token, status in ((nobody, 403), (viewer, 200)):
+                answer = await http.post(
+                    "/v1/placements", json=pod, headers={"Authorization": f"Bearer {token}"}
+                )
+                assert answer.status_code == status, answer.text
             anonymous = await http.get("/v1/pods")
             assert anonymous.status_code == 401
         log = agent.log_text()

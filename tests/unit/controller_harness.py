@@ -25,12 +25,14 @@ from vk_provider.controllers.launch import Launcher
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.podwatch import PodStore, PodWatch
+from vk_provider.controllers.preview import PlacementPreview
 from vk_provider.controllers.reconcile import Reconciler
 from vk_provider.domain.breaker import CircuitBreaker
 from vk_provider.domain.budget import BudgetCaps, BudgetLedger
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.reconcile import TerminationPolicy
 from vk_provider.kube.events import EventRecorder
+from vk_provider.runtime.agent import health_of
 from vk_provider.settings.agent import IntervalsConfig, PlacementConfig
 
 EPOCH = datetime(2026, 12, 1, tzinfo=UTC)
@@ -106,6 +108,7 @@ class Core:
         intervals: dict[str, Any] | None = None,
         placement: dict[str, Any] | None = None,
         guarded: bool = False,
+        breaker_health: bool = False,
     ) -> None:
         self.kube = FakeKube(now=loop_now)
         self.memory = {p.name: p for p in providers if isinstance(p, MemoryProvider)}
@@ -136,7 +139,8 @@ class Core:
             self.providers,
             self.ledger,
             settings=PlacementConfig.model_validate(placement or {}),
-            health=dict,
+            # As the agent wires it (runtime.agent.health_of) when asked, else all healthy.
+            health=(lambda: health_of(self.guarded)) if breaker_health else dict,
             clock=loop_time,
         )
         self.store = PodStore()
@@ -152,7 +156,11 @@ class Core:
             intervals=self.intervals,
             workers=4,
             observer=self.metrics,
+            queue_observer=self.metrics.work_queue("pods"),
             now=loop_now,
+        )
+        self.preview = PlacementPreview(
+            launcher=self.launcher, offers=self.offers, node_name=NODE, host_ip="10.0.0.1"
         )
         self.watch = PodWatch(
             self.kube,  # type: ignore[arg-type]
@@ -182,6 +190,8 @@ class Core:
             placements=self.pods.placements,
             readiness=lambda: Readiness(ready=True, reasons=()),
             overdue=lambda: self.reconciler.overdue,
+            instances=self.pods.tracker.all,
+            preview=self.preview.preview,
             clock=loop_time,
         )
         self.metrics.attach(view)

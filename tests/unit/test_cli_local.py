@@ -54,3 +54,15 @@ async def test_an_instance_is_lost_and_listed(tmp_path: Path) -> None:
         assert _cli("lose", str(tmp_path), "local-nope").returncode == 1
     finally:
         reap_runners(tmp_path)
+
+
+async def test_instances_lists_whole_ids_however_narrow_the_output(tmp_path: Path) -> None:
+    uid = "ae8357d1-5150-4570-aa19-78d0ec016412"  # a real pod UID: ids are long
+    made = inject_instance(tmp_path, pod_uid=uid, suffix="0")
+    try:
+        listed = _cli("instances", str(tmp_path))  # to a pipe: rich's 80 columns
+        assert listed.returncode == 0, listed.stderr
+        assert made in listed.stdout and uid in listed.stdout
+        assert "…" not in listed.stdout
+    finally:
+        reap_runners(tmp_path)

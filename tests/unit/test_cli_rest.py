@@ -45,9 +45,13 @@ from vk_provider.cli.client import (
 CLEAN_ENV: dict[str, str | None] = {"VK_PROVIDER_URL": None, "VK_PROVIDER_TOKEN": None}
 
 
-async def run_cli(*args: str, env: Mapping[str, str | None] | None = None) -> Result:
+async def run_cli(
+    *args: str, env: Mapping[str, str | None] | None = None, input: str | None = None
+) -> Result:
     runner = CliRunner()
-    return await asyncio.to_thread(runner.invoke, app, list(args), env={**CLEAN_ENV, **(env or {})})
+    return await asyncio.to_thread(
+        runner.invoke, app, list(args), input=input, env={**CLEAN_ENV, **(env or {})}
+    )
 
 
 def line_with(output: str, needle: str) -> str:
@@ -98,28 +102,127 @@ async def test_providers_prints_a_readable_table(api_url: str) -> None:
     assert result.stderr == ""
 
 
-async def test_offers_prints_a_table_filtered_by_gpu(api_url: str) -> None:
-    result = await run_cli("offers", "--gpu", "H100", "--url", api_url, "--token", SECRET_TOKEN)
+async def test_offers_are_grouped_by_gpu_with_per_gpu_prices(api_url: str) -> None:
+    result = await run_cli("offers", "--url", api_url, "--token", SECRET_TOKEN)
+    assert result.exit_code == 0, result.output
+    header = line_with(result.stdout, "SPOT $/GPU/H")
+    assert header.split() == [
+        "GPU",
+        "QTY",
+        "$/GPU/H",
+        "SPOT",
+        "$/GPU/H",
+        "$/H",
+        "SPOT",
+        "$/H",
+        "GPU",
+        "MEM",
+        "VCPUS",
+        "MEMORY",
+        "REGION",
+        "PROVIDER",
+    ]
+    # Cheapest per GPU first: the spot A100, then the two H100s (2.49 per GPU each), CPU last.
+    order = [
+        result.stdout.index(model) for model in ("A100-80GB", "H100-PCIE", "H100-SXM", "CPU only")
+    ]
+    assert order == sorted(order)
+    eight = line_with(result.stdout, "H100-SXM")
+    assert eight.split() == [
+        "H100-SXM",
+        "8",
+        "$2.4900/h",  # 19.92 for 8 GPUs: comparable with a 1x offer
+        "-",
+        "$19.9200/h",
+        "-",
+        "80",
+        "GiB",
+        "128",
+        "1024",
+        "GiB",
+        "us-east",
+        "alpha",
+    ]
+    spot = line_with(result.stdout, "A100-80GB")
+    assert spot.split()[:6] == ["A100-80GB", "1", "-", "$1.3900/h", "-", "$1.3900/h"]
+    assert "4 of 4 offers shown, cheapest per GPU first" in result.stdout
+    assert result.stderr == ""
+
+
+async def test_offers_filter_by_gpu_region_provider_and_spot(api_url: str) -> None:
+    common = ("--url", api_url, "--token", SECRET_TOKEN)
+    h100 = await run_cli("offers", "--gpu", "H100", *common)
+    assert "A100" not in h100.stdout and "H100-PCIE" in h100.stdout and "H100-SXM" in h100.stdout
+    assert "2 of 2 offers shown" in h100.stdout
+    spot = await run_cli("offers", "--spot", *common)
+    assert "A100-80GB" in spot.stdout and "H100" not in spot.stdout
+    west = await run_cli("offers", "--region", "us-west", *common)
+    assert "A100-80GB" in west.stdout and "H100" not in west.stdout
+    beta = await run_cli("offers", "--provider", "beta", *common)
+    assert "H100-PCIE" in beta.stdout and "CPU only" in beta.stdout and "alpha" not in beta.stdout
+
+
+async def test_offers_wide_adds_sku_availability_and_startup(api_url: str) -> None:
+    result = await run_cli("offers", "-o", "wide", "--url", api_url, "--token", SECRET_TOKEN)
+    assert result.exit_code == 0, result.output
+    header = line_with(result.stdout, "PROVIDER")
+    assert header.split()[-5:] == ["SKU", "AVAIL", "SPOT", "AVAIL", "STARTUP"]
+    pcie = line_with(result.stdout, "H100-PCIE")
+    assert pcie.split()[-4:] == ["gpu_1x_h100_pcie", "2", "-", "60s"]
+
+
+async def test_offers_json_is_the_gpus_answer_and_all_lifts_the_limit(api_url: str) -> None:
+    common = ("--url", api_url, "--token", SECRET_TOKEN, "-o", "json")
+    limited = json.loads((await run_cli("offers", *common)).stdout)
+    every = json.loads((await run_cli("offers", "--all", *common)).stdout)
+    async with httpx.AsyncClient(base_url=api_url, headers=AUTH) as http:
+        expected = (await http.get("/v1/gpus", params={"limit": 5})).json()
+        expected_all = (await http.get("/v1/gpus")).json()
+    assert limited == expected and limited["limit"] == 5
+    assert every == expected_all and every["limit"] is None
+    # The documented shape (docs/operating.md): stable keys, one object per row.
+    assert set(every) == {"total", "shown", "limit", "gpus"}
+    assert set(every["gpus"][0]) == {"gpu_model", "total", "rows"}
+    assert set(every["gpus"][0]["rows"][0]) == {
+        "gpu_model",
+        "gpu_count",
+        "gpu_memory_gib",
+        "vcpus",
+        "memory_gib",
+        "provider",
+        "sku",
+        "region",
+        "offer",
+        "price_per_hour",
+        "price_per_gpu_hour",
+        "spot_price_per_hour",
+        "spot_price_per_gpu_hour",
+        "available",
+        "spot_available",
+        "startup_seconds",
+    }
+
+
+async def test_offers_flat_is_the_former_table(api_url: str) -> None:
+    result = await run_cli(
+        "offers", "--flat", "--gpu", "H100", "--url", api_url, "--token", SECRET_TOKEN
+    )
     assert result.exit_code == 0, result.output
     header = line_with(result.stdout, "PRICE")
     assert header.split()[:3] == ["PROVIDER", "SKU", "GPUS"]
-    assert "A100" not in result.stdout
     pcie = line_with(result.stdout, "gpu_1x_h100_pcie")
     assert pcie.split()[:4] == ["beta", "gpu_1x_h100_pcie", "1x", "H100-PCIE"]
-    assert pcie.rstrip().endswith("$2.4900/h")
-    sxm = line_with(result.stdout, "h100-sxm-8x")
-    assert "8x H100-SXM" in sxm and "on-demand" in sxm and "1024 GiB" in sxm
-    assert sxm.rstrip().endswith("$19.9200/h")
     assert "2 offers, cheapest first" in result.stdout
-    # Cheapest first, as the API orders them.
-    assert result.stdout.index("gpu_1x_h100_pcie") < result.stdout.index("h100-sxm-8x")
 
 
 async def test_offers_filters_reach_the_api(api_url: str) -> None:
-    common = ("--url", api_url, "--token", SECRET_TOKEN, "--output", "json")
+    common = ("--url", api_url, "--token", SECRET_TOKEN, "--output", "json", "--flat")
     spot = await run_cli("offers", "--capacity-type", "spot", *common)
     assert spot.exit_code == 0, spot.output
     assert [o["sku"] for o in json.loads(spot.stdout)] == ["a100-80gb"]
+    assert json.loads((await run_cli("offers", "--spot", *common)).stdout) == json.loads(
+        spot.stdout
+    )
     west = await run_cli("offers", "--region", "us-west", *common)
     assert [o["sku"] for o in json.loads(west.stdout)] == ["a100-80gb"]
     beta = await run_cli("offers", "--provider", "beta", "--capacity-type", "on-demand", *common)
@@ -198,7 +301,7 @@ def test_overflow_table_of_a_disabled_flip_and_a_lost_signal() -> None:
     assert "UNAVAILABLE: query 'x': ConnectError" in render(lost)
 
 
-@pytest.mark.parametrize("command", ["providers", "pods", "offers"])
+@pytest.mark.parametrize("command", ["providers", "pods", "spend", "overflow"])
 async def test_json_output_is_the_apis_json(api_url: str, command: str) -> None:
     result = await run_cli(command, "--url", api_url, "--token", SECRET_TOKEN, "-o", "json")
     assert result.exit_code == 0, result.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
@@ -255,3 +257,63 @@ def test_credentials_travel_only_over_https(url: str, allowed: bool, fine: bool)
     with pytest.raises(ConfigError) as raised:
         parse_config(_base(**provider))
     assert str(raised.value).startswith("providers[0].rest_url: "), str(raised.value)
+
+
+# --------------------------------------------------------------------------- the JSON Schema
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    return REGISTRY.config_schema()
+
+
+def test_the_schema_accepts_every_documented_example(schema: dict[str, Any]) -> None:
+    validator = jsonschema.Draft202012Validator(schema)
+    validator.check_schema(schema)
+    for block in _yaml_blocks():
+        errors = [e.message for e in validator.iter_errors(block)]
+        assert not errors, (list(block), errors)
+
+
+def test_the_schema_has_every_installed_provider_type_told_apart_by_type(
+    schema: dict[str, Any],
+) -> None:
+    items = schema["properties"]["providers"]["items"]
+    assert items["discriminator"]["propertyName"] == "type"
+    assert set(items["discriminator"]["mapping"]) == set(REGISTRY.types)
+    runpod = schema["$defs"]["RunPodProviderConfig"]
+    assert runpod["properties"]["type"]["const"] == "runpod"
+    assert runpod["additionalProperties"] is False
+    # A credential is a reference string, as it is written in YAML.
+    assert schema["$defs"]["SecretRef"]["type"] == "string"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"providers": [{**RUNPOD, "extra": 1}]},
+        {"providers": [{**RUNPOD, "api_key": "a-literal-key"}]},
+        {"providers": [{"type": "nope", "name": "x"}]},
+        {"providers": []},
+        {"providers": [RUNPOD], "nodes": {}},
+        {"providers": [RUNPOD], "intervals": {"lease_seconds": "soon"}},
+    ],
+)
+def test_the_schema_refuses_what_parse_config_refuses(
+    schema: dict[str, Any], config: dict[str, Any]
+) -> None:
+    with pytest.raises(ConfigError):
+        parse_config(config)
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(config))
+
+
+def test_config_schema_prints_it_and_check_config_points_to_it(tmp_path: Path) -> None:
+    printed = _cli("config", "schema")
+    assert printed.returncode == 0, printed.stderr
+    assert json.loads(printed.stdout)["title"] == "vk-provider agent configuration"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_base(**{**RUNPOD, "extra": 1})))
+    refused = _cli("check-config", str(bad))
+    assert refused.returncode == 2
+    assert "providers[0].extra: unknown key" in refused.stderr
+    assert "vk-provider config schema" in refused.stderr

@@ -2,7 +2,7 @@
 
 The metric names come from the code, not from a list kept here: a ``Metrics`` registry over an
 empty ``AgentView`` is rendered and its ``# TYPE`` lines read, so renaming a metric in
-``vk_provider/metrics.py`` without fixing the dashboard fails this test.
+``vk_provider/api/metrics.py`` without fixing the dashboard fails this test.
 """
 
 from __future__ import annotations
@@ -77,9 +77,12 @@ def test_the_exposition_names_are_read_from_the_code() -> None:
     series = exported_series()
     assert "vk_provider_pods" in series
     assert "vk_provider_placement_attempts_total" in series
-    assert "vk_provider_provider_request_duration_seconds_bucket" in series
+    assert "vk_provider_request_duration_seconds_bucket" in series
     assert "vk_provider_spend_dollars_total" in series
+    assert "vk_provider_build_info" in series
     assert "vk_provider_placement_attempts" not in series  # counters are exposed with _total
+    # No name repeats the prefix's "provider" (vk_provider_provider_...).
+    assert not [name for name in series if name.startswith("vk_provider_provider_")]
 
 
 def test_every_expression_queries_only_metrics_the_agent_exports(
@@ -98,16 +101,29 @@ def test_the_dashboard_shows_what_operators_need(dashboard: dict[str, Any]) -> N
         "vk_provider_pods",
         "vk_provider_placement_attempts_total",
         "vk_provider_launch_failures_total",
-        "vk_provider_provider_errors_total",
-        "vk_provider_provider_circuit_state",
+        "vk_provider_request_errors_total",
+        "vk_provider_circuit_breaker_state",
+        "vk_provider_up",
         "vk_provider_offer_cheapest_price_dollars_per_hour",
         "vk_provider_spend_dollars_per_hour",
         "vk_provider_spend_dollars_total",
-        "vk_provider_orphans_terminated_total",
+        "vk_provider_instances_terminated_total",
         "vk_provider_lease_renewal_failures_total",
+        "vk_provider_instances",
+        "vk_provider_terminations_overdue",
+        "vk_provider_workqueue_depth",
+        "vk_provider_workqueue_adds_total",
+        "vk_provider_workqueue_retries_total",
+        "vk_provider_build_info",
     ):
-        assert needed in text, needed
-    for histogram in ("provider_request_duration_seconds", "reconcile_duration_seconds"):
+        assert re.search(rf"\b{needed}\b", text), needed
+    for histogram in (
+        "request_duration_seconds",
+        "reconcile_duration_seconds",
+        "pod_start_duration_seconds",
+        "workqueue_queue_duration_seconds",
+        "workqueue_work_duration_seconds",
+    ):
         for quantile in ("0.5", "0.95"):
             pattern = (
                 rf"histogram_quantile\({quantile}, sum by \([^)]*\ble\b[^)]*\) "

@@ -31,7 +31,10 @@ from vk_provider.domain.placement import (
     PodShape,
     ProviderHealth,
     gpu_matches,
+    penalties,
     place,
+    score,
+    shape_refused,
 )
 from vk_provider.domain.podspec import InvalidPodSpec
 from vk_provider.domain.podview import ANN_CAPACITY_TYPE, ANN_MAX_PRICE, ANN_PROVIDERS, ANN_REGIONS
@@ -379,6 +382,40 @@ def test_removed_counts_account_for_every_offer(s: Scenario) -> None:
         if name is not None:
             expected[name] += 1
     assert dict(result.removed) == expected
+
+
+@SETTINGS
+@given(scenarios())
+def test_refused_names_each_removed_offer_with_its_first_failing_filter(s: Scenario) -> None:
+    result = s.run()
+    refused = sorted((offer.key, name) for offer, name in result.refused)
+    expected = sorted(
+        (offer.key, name) for offer in s.offers if (name := first_failing(s, offer)) is not None
+    )
+    assert refused == expected
+    assert {o.key for o, _ in result.refused}.isdisjoint(c.key for c in result.candidates)
+
+
+@SETTINGS
+@given(scenarios())
+def test_penalties_add_up_to_the_score(s: Scenario) -> None:
+    for offer in s.offers:
+        health = s.health.get(offer.provider, ProviderHealth())
+        parts = penalties(offer, health, s.policy)
+        if offer.available >= 1:  # a sold-out offer is never ranked
+            assert score(offer, health, s.policy) == order_key(s, offer)[0]
+        assert score(offer, health, s.policy) == offer.price_per_hour * (1.0 + parts.total)
+
+
+@SETTINGS
+@given(REQUESTS, CAPABILITY_MAPS)
+def test_shape_refused_exactly_when_no_allowed_provider_runs_the_shape(
+    request: PlacementRequest, capabilities: dict[str, Capabilities]
+) -> None:
+    allowed = [n for n in capabilities if not request.providers or n in request.providers]
+    refused = shape_refused(request, capabilities)
+    nobody = bool(allowed) and not any(request.shape.runs_on(capabilities[n]) for n in allowed)
+    assert refused == (tuple(allowed) if nobody and not request.shape.single else ())
 
 
 @SETTINGS

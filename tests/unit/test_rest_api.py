@@ -35,8 +35,10 @@ from vk_provider.api.rest import RestServer, build_app
 from vk_provider.api.rest_auth import StaticTokenAuth, TokenReviewAuth
 from vk_provider.api.view import AgentView, Readiness
 from vk_provider.controllers.guarded import GuardedProvider
+from vk_provider.controllers.launch import Launcher
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.overflow import OverflowView
+from vk_provider.controllers.preview import PlacementPreview
 from vk_provider.domain.breaker import BreakerState, CircuitBreaker
 from vk_provider.domain.budget import BudgetCaps, BudgetLedger
 from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
@@ -44,6 +46,8 @@ from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer,
 from vk_provider.domain.overflow import OverflowState, Reading
 from vk_provider.domain.podview import PodPlacement
 from vk_provider.kube.client import KubeClient
+from vk_provider.runtime.agent import health_of
+from vk_provider.settings.agent import PlacementConfig
 
 SECRET_TOKEN = "static-dev-token-7c1e9a44"
 PLANTED_CREDENTIAL = "rpa_PLANTED_CREDENTIAL_d41d8cd98f00"
@@ -57,6 +61,7 @@ V1_ROUTES = (
     "/v1/providers",
     "/v1/providers/alpha",
     "/v1/offers",
+    "/v1/gpus",
     "/v1/pods",
     "/v1/spend",
     "/v1/overflow",
@@ -204,7 +209,7 @@ class World:
         )
 
 
-async def build_world() -> World:
+async def build_world(budget: BudgetCaps | None = None) -> World:
     """Three providers in the three breaker states, three pods, half an hour of spend."""
     clock = FakeClock()
     metrics = Metrics()
@@ -221,10 +226,11 @@ async def build_world() -> World:
         )
         for name, cloud in clouds.items()
     }
-    book = OfferBook(guarded, ttl_seconds=30, clock=clock)
+    # A long TTL: the dry run reads the offers refreshed here, as the views do.
+    book = OfferBook(guarded, ttl_seconds=3600, clock=clock)
     await book.refresh()  # gamma's failure is its breaker's first (at T0)
 
-    ledger = BudgetLedger(BudgetCaps(), clock=clock)
+    ledger = BudgetLedger(budget or BudgetCaps(), clock=clock)
     for pod in PODS:
         ledger.commit(
             pod.uid, namespace=pod.namespace, provider=pod.provider, price=pod.price_per_hour
@@ -254,6 +260,18 @@ async def build_world() -> World:
         readiness=lambda: knobs.readiness,
         overdue=lambda: knobs.overdue,
         overflow=lambda: knobs.overflow,
+        preview=PlacementPreview(
+            launcher=Launcher(
+                guarded,
+                ledger,
+                settings=PlacementConfig(),
+                health=lambda: health_of(guarded),
+                clock=clock,
+            ),
+            offers=book,
+            node_name="vk-test",
+            host_ip="10.0.0.1",
+        ).preview,
         clock=clock,
     )
     metrics.attach(view)
@@ -460,6 +478,7 @@ V1_ROUTES = {
     "/v1/providers": ("providers", "list"),
     "/v1/providers/alpha": ("providers", "get"),
     "/v1/offers": ("offers", "list"),
+    "/v1/gpus": ("offers", "list"),
     "/v1/pods": ("pods", "list"),
     "/v1/spend": ("spend", "get"),
     "/v1/overflow": ("overflow", "get"),
@@ -773,10 +792,10 @@ async def test_metrics_are_open_and_in_prometheus_text(client: httpx.AsyncClient
     assert sample(text, 'vk_provider_pods{phase="Pending",provider="beta"}') == 1
     for provider, state in (("alpha", "closed"), ("beta", "half-open"), ("gamma", "open")):
         labels = f'provider="{provider}",state="{state}"'
-        assert sample(text, f"vk_provider_provider_circuit_state{{{labels}}}") == 1
-    assert sample(text, 'vk_provider_provider_circuit_state{provider="gamma",state="closed"}') == 0
-    assert sample(text, 'vk_provider_provider_up{provider="alpha"}') == 1
-    assert sample(text, 'vk_provider_provider_up{provider="gamma"}') == 0
+        assert sample(text, f"vk_provider_circuit_breaker_state{{{labels}}}") == 1
+    assert sample(text, 'vk_provider_circuit_breaker_state{provider="gamma",state="closed"}') == 0
+    assert sample(text, 'vk_provider_up{provider="alpha"}') == 1
+    assert sample(text, 'vk_provider_up{provider="gamma"}') == 0
     assert (
         sample(text, 'vk_provider_offer_cheapest_price_dollars_per_hour{gpu="A100-80GB"}') == 1.39
     )
@@ -788,19 +807,23 @@ async def test_metrics_are_open_and_in_prometheus_text(client: httpx.AsyncClient
         text, 'vk_provider_spend_dollars_total{namespace="ml",provider="alpha"}'
     ) == pytest.approx(9.96)
     # Every provider call went through the guard, which observed it.
-    count = (
-        'vk_provider_provider_request_duration_seconds_count{operation="offers",provider="alpha"}'
-    )
+    count = 'vk_provider_request_duration_seconds_count{operation="offers",provider="alpha"}'
     assert sample(text, count) == 1
     errors = (
-        'vk_provider_provider_errors_total{error="Transient",operation="offers",provider="gamma"}'
+        'vk_provider_request_errors_total{error="Transient",operation="offers",provider="gamma"}'
     )
     assert sample(text, errors) == 1
     for name in (
         "vk_provider_placement_attempts_total",
         "vk_provider_launch_failures_total",
         "vk_provider_reconcile_duration_seconds",
-        "vk_provider_orphans_terminated_total",
+        "vk_provider_instances_terminated_total",
+        "vk_provider_pod_start_duration_seconds",
+        "vk_provider_workqueue_depth",
+        "vk_provider_workqueue_adds_total",
+        "vk_provider_workqueue_queue_duration_seconds",
+        "vk_provider_workqueue_work_duration_seconds",
+        "vk_provider_workqueue_retries_total",
         "vk_provider_lease_renewal_failures_total",
     ):
         assert f"# TYPE {name} " in text

@@ -89,3 +89,60 @@ async def test_drop_cancels_timers_and_close_wakes_workers() -> None:
     queue.close()
     with pytest.raises(QueueClosed):
         await waiter
+
+
+class Recorder:
+    """A ``QueueObserver`` that writes down what the queue reports."""
+
+    def __init__(self) -> None:
+        self.adds = 0
+        self.depths: list[int] = []
+        self.waits: list[float] = []
+        self.work: list[float] = []
+        self.retries = 0
+
+    def added(self) -> None:
+        self.adds += 1
+
+    def depth(self, keys: int) -> None:
+        self.depths.append(keys)
+
+    def waited(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+    def worked(self, seconds: float) -> None:
+        self.work.append(seconds)
+
+    def retried(self) -> None:
+        self.retries += 1
+
+
+async def test_the_observer_sees_adds_depth_waits_work_and_retries_as_client_go_counts() -> None:
+    recorder = Recorder()
+    queue: WorkQueue[str] = WorkQueue(Backoff(base=5, cap=60), observer=recorder)
+    queue.add("a")
+    queue.add("a")  # already waiting: not another add
+    queue.add("b")
+    assert (recorder.adds, recorder.depths) == (2, [1, 2])
+    await asyncio.sleep(3)
+    key = await queue.get()
+    assert recorder.waits == [3.0] and recorder.depths[-1] == 1
+    queue.add(key)  # changed while processed: one add, waiting from now
+    queue.add(key)
+    assert recorder.adds == 3
+    await asyncio.sleep(2)
+    queue.done(key)
+    assert recorder.work == [2.0]
+    other = await queue.get()
+    assert other != key and recorder.waits[-1] == 5.0
+    queue.done(other)
+    again = await queue.get()
+    assert again == key and recorder.waits[-1] == 2.0  # since it was marked, not since done()
+    queue.done(again)
+    assert queue.add_rate_limited(key) == 5
+    assert recorder.retries == 1
+    assert await queue.get() == key  # after its back-off
+    assert recorder.waits[-1] == 0.0  # the back-off is not time spent waiting in the queue
+    queue.done(key)
+    assert recorder.adds == 4
+    assert len(recorder.work) == 4

@@ -1,13 +1,17 @@
-"""The agent's REST API (PRODUCT.md §8): providers, offers, pods, spend, overflow, health and
-metrics.
+"""The agent's REST API (PRODUCT.md §8): providers, offers (flat and by GPU), pods, spend,
+overflow, the placement dry run, health and metrics.
 
 ``build_app`` makes a FastAPI application that reads only from an ``AgentView`` (frozen
 snapshots of the running agent) and a ``Metrics`` registry; ``RestServer`` runs it with
 uvicorn inside the agent's own event loop.
 
 Invariants:
-- Read-only: no route changes the agent. Every handler is ``async def`` so the view is read on
-  the event loop thread, never from a worker thread while the controllers change it.
+- Read-only: no route changes the agent. ``POST /v1/placements`` is a review, as a
+  SubjectAccessReview is: it computes an answer (the same plan a launch makes) and launches,
+  reserves and writes nothing. Every handler is ``async def`` so the view is read on the event
+  loop thread, never from a worker thread while the controllers change it.
+- The dry run never reads a Secret or ConfigMap and never returns a pod's environment: it
+  places the pod without it (``controllers.preview``).
 - Nothing secret leaves: response models are built field by field from the view's snapshots
   (which hold no configuration), error bodies carry a fixed code and a message we wrote —
   never an exception's text or a traceback — and tokens are neither logged nor echoed.
@@ -31,7 +35,7 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Annotated, Any
 
 import uvicorn
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
@@ -43,8 +47,10 @@ from vk_provider.api.rest_auth import RestAuth, access, non_resource, resource
 from vk_provider.api.schemas import (
     ErrorBody,
     ErrorDetail,
+    GpuCatalogOut,
     OfferOut,
     OverflowOut,
+    PlacementOut,
     PodOut,
     ProviderDetail,
     ProviderSummary,
@@ -53,6 +59,7 @@ from vk_provider.api.schemas import (
     spend_report,
 )
 from vk_provider.api.view import AgentView
+from vk_provider.domain.catalog import catalog
 from vk_provider.domain.models import Offer
 from vk_provider.domain.placement import CapacityType, gpu_matches
 
@@ -231,6 +238,108 @@ def build_app(
             capacity_type=capacity_type,
         )
         return [OfferOut.of(o) for o in offers]
+
+    @app.get(
+        "/v1/gpus",
+        response_model=GpuCatalogOut,
+        dependencies=may(resource("offers", "list")),
+        responses={**_AUTH_RESPONSES, **_INVALID_RESPONSE},
+        tags=["offers"],
+        summary="Offers grouped by GPU model, per-GPU prices, on-demand and spot side by side",
+        description="What `vk-provider offers` prints. One row per instance type and region "
+        "(the spot and the on-demand offer of one provider/sku/region share a row); rows "
+        "cheapest per GPU first, GPU models by their cheapest row, CPU-only offers last. "
+        "Authorised as `list offers`: the same offers as `GET /v1/offers`, arranged.",
+    )
+    async def list_gpus(
+        gpu: Annotated[
+            str | None,
+            Query(
+                description="GPU models, comma-separated; H100 matches every H100 variant.",
+                examples=["H100"],
+            ),
+        ] = None,
+        region: Annotated[str | None, Query(description="Regions, comma-separated, exact.")] = None,
+        provider: Annotated[
+            str | None, Query(description="Provider names, comma-separated.")
+        ] = None,
+        capacity_type: Annotated[
+            CapacityType,
+            Query(description="on-demand, spot (rows with a spot price, sorted by it), or any."),
+        ] = CapacityType.ANY,
+        limit: Annotated[
+            int,
+            Query(ge=0, le=10_000, description="Rows per GPU model at most; 0 shows all."),
+        ] = 0,
+    ) -> GpuCatalogOut:
+        offers = filter_offers(
+            view.offers(),
+            gpu=gpu,
+            region=region,
+            provider=provider,
+            capacity_type=capacity_type,
+        )
+        found = catalog(offers, limit=limit or None, spot_first=capacity_type is CapacityType.SPOT)
+        return GpuCatalogOut.of(found)
+
+    @app.post(
+        "/v1/placements",
+        response_model=PlacementOut,
+        dependencies=may(resource("placements", "create")),
+        responses={
+            **_AUTH_RESPONSES,
+            400: {**_ERROR_RESPONSE, "description": "The body is not JSON."},
+            422: {
+                **_ERROR_RESPONSE,
+                "description": "The body is not a Pod object; the message says why.",
+            },
+        },
+        tags=["placements"],
+        summary="Dry run: where a pod would be placed now, and why (nothing is launched)",
+        description="Runs the agent's own placement for a pod, as for its first launch: the "
+        "live offers, budget caps, breaker states and offer blocks. Answers the ranked "
+        "candidates, the offer a launch would try first, and for every other offer the filter "
+        "that refused it and why. Nothing is launched, reserved or written; the pod's "
+        "environment is not read (placement does not depend on it), so no Secret is needed "
+        "and none is returned. Authorised as `create placements` (a review, as "
+        "SubjectAccessReview is).",
+    )
+    async def create_placement(
+        pod: Annotated[
+            dict[str, Any],
+            Body(
+                description="A Pod (core/v1) as JSON: `kubectl get pod -o json`, or a "
+                "manifest; namespace, name and uid may be missing.",
+                examples=[
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {
+                            "name": "llama",
+                            "annotations": {"vk-provider.io/gpu": "H100"},
+                        },
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": "server",
+                                    "image": "vllm/vllm-openai:latest",
+                                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                                }
+                            ]
+                        },
+                    }
+                ],
+            ),
+        ],
+    ) -> PlacementOut:
+        kind = pod.get("kind", "Pod")
+        if kind != "Pod":
+            raise HTTPException(
+                422, f"kind must be Pod, not {str(kind)[:40]!r} (send a workload's pod template)"
+            )
+        if not view.can_place:
+            raise HTTPException(503, "this agent offers no placement dry run")
+        return PlacementOut.of(await view.place(pod))
 
     @app.get(
         "/v1/pods",

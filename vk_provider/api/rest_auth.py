@@ -5,7 +5,8 @@ Two modes (``rest:`` in the configuration):
 - **TokenReview** (in cluster, the default): the bearer token is checked by a Kubernetes
   TokenReview, and every ``/v1/*`` route is then authorised by a SubjectAccessReview on a
   resource of the API group ``vk-provider.io`` — ``list`` or ``get`` of ``providers``,
-  ``offers``, ``pods``, ``spend``, ``overflow`` — and ``/metrics`` (when not open) as the
+  ``offers`` (``/v1/offers`` and ``/v1/gpus``), ``pods``, ``spend``, ``overflow``, and
+  ``create`` of ``placements`` (the dry run) — and ``/metrics`` (when not open) as the
   non-resource URL ``/metrics``. A token without those rights gets 403: authentication alone
   is not enough. ``deploy/rbac.yaml`` ships the ``vk-provider-viewer`` ClusterRole.
 - **Static token** (development): one shared token, compared in constant time, that may read

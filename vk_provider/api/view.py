@@ -2,20 +2,23 @@
 
 The view is built from the live parts (guarded providers, offer book, budget ledger, pod
 controller, node controller) but exposes only frozen snapshots, so readers cannot change
-the agent and never see a credential: nothing here holds configuration secrets.
+the agent and never see a credential: nothing here holds configuration secrets. The one
+computation it offers, ``place`` (the placement dry run), has no effects either.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.overflow import OverflowView
+from vk_provider.controllers.preview import Preview
 from vk_provider.domain.budget import BudgetLedger
-from vk_provider.domain.models import Offer
+from vk_provider.domain.models import Instance, Offer
 from vk_provider.domain.podview import PodPlacement
 
 
@@ -45,6 +48,23 @@ class SpendRow:
 
 
 @dataclass(frozen=True, slots=True)
+class CapStatus:
+    """One budget cap: what it allows, what is held against it now, what is left."""
+
+    scope: str  # "global", or a namespace
+    cap_per_hour: float | None  # None: no cap
+    used_per_hour: float  # running and launching pods
+    room_per_hour: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    global_cap: CapStatus
+    default_namespace_per_hour: float | None
+    namespaces: tuple[CapStatus, ...]  # capped namespaces and those that spend, by name
+
+
+@dataclass(frozen=True, slots=True)
 class Readiness:
     ready: bool
     reasons: tuple[str, ...]
@@ -62,9 +82,13 @@ class AgentView:
         readiness: Callable[[], Readiness],
         overdue: Callable[[], Sequence[tuple[str, str]]] = tuple,
         overflow: Callable[[], OverflowView | None] | None = None,
+        instances: Callable[[], Sequence[Instance]] = tuple,
+        preview: Callable[[Mapping[str, Any]], Awaitable[Preview]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._overflow = overflow  # None: the flip is not enabled in this agent
+        self._instances = instances  # what the providers listed at the last poll
+        self._preview = preview  # None: this agent offers no dry run (tests)
         self._providers = dict(providers)
         self._types = dict(provider_types)
         self._offers = offers
@@ -137,3 +161,33 @@ class AgentView:
 
     def overflow(self) -> OverflowView | None:
         return self._overflow() if self._overflow is not None else None
+
+    def instances(self) -> list[Instance]:
+        """The instances the providers listed at the last poll (and launches since)."""
+        return sorted(self._instances(), key=lambda i: (i.provider, i.instance_id))
+
+    def budget(self) -> BudgetStatus:
+        caps = self._ledger.caps
+        spending = {row.namespace for row in self.spend()}
+        names = sorted(spending | set(caps.per_namespace or {}))
+
+        def status(scope: str, cap: float | None, used: float) -> CapStatus:
+            return CapStatus(scope, cap, used, None if cap is None else cap - used)
+
+        return BudgetStatus(
+            global_cap=status("global", caps.global_per_hour, self._ledger.total_per_hour()),
+            default_namespace_per_hour=caps.default_namespace_per_hour,
+            namespaces=tuple(
+                status(ns, caps.namespace_cap(ns), self._ledger.total_per_hour(ns)) for ns in names
+            ),
+        )
+
+    @property
+    def can_place(self) -> bool:
+        return self._preview is not None
+
+    async def place(self, pod: Mapping[str, Any]) -> Preview:
+        """The placement dry run of ``pod`` (see ``controllers.preview``)."""
+        if self._preview is None:
+            raise RuntimeError("this agent has no placement dry run")
+        return await self._preview(pod)

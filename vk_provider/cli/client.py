@@ -1,9 +1,9 @@
 """The operator's side of the REST API: fetching JSON from a running agent and drawing tables.
 
-``RestClient`` makes the HTTP calls of ``vk-provider providers | offers | pods`` and translates
-every failure, once, into a ``RestClientError`` whose message is one line an operator can act
-on (unreachable, token refused, any other HTTP error). The ``*_table`` functions are pure: the
-JSON exactly as the API serves it in, a ``rich`` table out.
+``RestClient`` makes the HTTP calls of ``vk-provider providers | offers | pods | spend | place
+| overflow`` and translates every failure, once, into a ``RestClientError`` whose message is
+one line an operator can act on (unreachable, token refused, any other HTTP error). The
+``*_table`` functions are pure: the JSON exactly as the API serves it in, ``rich`` tables out.
 
 Invariants:
 - The token travels only in the ``Authorization`` header; it is never part of a message.
@@ -36,6 +36,7 @@ _PHASE_STYLES = {"Running": "green", "Pending": "yellow", "Failed": "red", "Succ
 
 class OutputFormat(enum.StrEnum):
     TABLE = "table"
+    WIDE = "wide"  # more columns, where a command has them
     JSON = "json"
 
 
@@ -128,14 +129,40 @@ class RestClient:
                 params[name] = value
         return self._get_list("/v1/offers", params)
 
+    def gpus(
+        self,
+        *,
+        gpu: str | None = None,
+        region: str | None = None,
+        provider: str | None = None,
+        capacity_type: str = "any",
+        limit: int = 0,
+    ) -> JSONObject:
+        params = {"capacity_type": capacity_type, "limit": str(limit)}
+        for name, value in (("gpu", gpu), ("region", region), ("provider", provider)):
+            if value:
+                params[name] = value
+        return self._object(self._get("/v1/gpus", params), "/v1/gpus")
+
     def pods(self) -> list[JSONObject]:
         return self._get_list("/v1/pods")
 
+    def spend(self) -> JSONObject:
+        return self._object(self._get("/v1/spend"), "/v1/spend")
+
     def overflow(self) -> JSONObject:
-        where = f"the vk-provider REST API at {self.url}"
-        data = self._get("/v1/overflow")
+        return self._object(self._get("/v1/overflow"), "/v1/overflow")
+
+    def place(self, pod: Mapping[str, Any]) -> JSONObject:
+        """The placement dry run of ``pod`` (``POST /v1/placements``)."""
+        return self._object(self._request("POST", "/v1/placements", json=pod), "/v1/placements")
+
+    def _object(self, data: Any, path: str) -> JSONObject:
         if not isinstance(data, dict):
-            raise ApiFailed(f"{where} answered /v1/overflow with unexpected JSON (not an object)")
+            raise ApiFailed(
+                f"the vk-provider REST API at {self.url} answered {path} with unexpected JSON "
+                "(not an object)"
+            )
         return data
 
     def _get_list(self, path: str, params: Mapping[str, str] | None = None) -> list[JSONObject]:
@@ -148,9 +175,19 @@ class RestClient:
         return data
 
     def _get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        return self._request("GET", path, params=params)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        json: Any = None,
+    ) -> Any:
         where = f"the vk-provider REST API at {self.url}"
         try:
-            response = self._http.get(path, params=params)
+            response = self._http.request(method, path, params=params, json=json)
         except httpx.TimeoutException as exc:
             raise ApiUnreachable(
                 f"cannot reach {where}: no answer within {self._timeout:g}s"
@@ -303,6 +340,271 @@ def offers_table(offers: Sequence[Mapping[str, Any]]) -> Table:
     return table
 
 
+def _per_gpu(value: Any) -> str:
+    return "-" if value is None else format_price(value)
+
+
+def gpus_table(found: Mapping[str, Any], *, wide: bool = False) -> Table:
+    """``GET /v1/gpus`` as a table: one section per GPU model, cheapest per GPU first, the
+    per-GPU price first (so 1x and 8x compare), on-demand and spot side by side."""
+    columns = [
+        ("GPU", "l"),
+        ("QTY", "r"),
+        ("$/GPU/H", "r"),
+        ("SPOT $/GPU/H", "r"),
+        ("$/H", "r"),
+        ("SPOT $/H", "r"),
+        ("GPU MEM", "r"),
+        ("VCPUS", "r"),
+        ("MEMORY", "r"),
+        ("REGION", "l"),
+        ("PROVIDER", "l"),
+    ]
+    if wide:
+        columns += [("SKU", "l"), ("AVAIL", "r"), ("SPOT AVAIL", "r"), ("STARTUP", "r")]
+    table = _table(*columns)
+    groups = [g for g in found.get("gpus") or [] if isinstance(g, Mapping)]
+    for index, group in enumerate(groups):
+        if index:
+            table.add_section()
+        for row in group.get("rows") or []:
+            gpus = bool(row.get("gpu_count"))  # CPU-only rows have no per-GPU price
+            cells = [
+                _text(row.get("gpu_model") or "CPU only", "bold"),
+                _text(row.get("gpu_count")),
+                _text(_per_gpu(row.get("price_per_gpu_hour") if gpus else None), "bold"),
+                _text(_per_gpu(row.get("spot_price_per_gpu_hour") if gpus else None), "yellow"),
+                _text(_per_gpu(row.get("price_per_hour"))),
+                _text(_per_gpu(row.get("spot_price_per_hour"))),
+                _text(_gib(row.get("gpu_memory_gib"))),
+                _text(_number(row.get("vcpus"))),
+                _text(_gib(row.get("memory_gib"))),
+                _text(row.get("region")),
+                _text(row.get("provider")),
+            ]
+            if wide:
+                cells += [
+                    _text(row.get("sku")),
+                    _text(row.get("available")),
+                    _text(row.get("spot_available")),
+                    _text(format_age(row.get("startup_seconds"))),
+                ]
+            table.add_row(*cells)
+    shown, total, limit = found.get("shown"), found.get("total"), found.get("limit")
+    caption = f"{shown} of {total} offers shown, cheapest per GPU first"
+    if limit and shown != total:
+        caption += f" (at most {limit} per GPU model; --all shows every one)"
+    table.caption = caption
+    return table
+
+
+def spend_view(spend: Mapping[str, Any]) -> list[Table | Text]:
+    """``spend_table`` and the line that explains its columns."""
+    default = (spend.get("budget") or {}).get("default_namespace_per_hour")
+    note = "HELD: running and launching pods; ROOM: what one more pod may cost"
+    if default is not None:
+        note += f"; namespaces not listed: a cap of {format_price(default)} each"
+    return [spend_table(spend), Text(note, style="dim")]
+
+
+def spend_table(spend: Mapping[str, Any]) -> Table:
+    """``GET /v1/spend`` as a table: now and accumulated, in all, per namespace against its
+    cap, per provider."""
+    table = _table(
+        ("SCOPE", "l"),
+        ("NAME", "l"),
+        ("NOW", "r"),
+        ("SPENT", "r"),
+        ("CAP", "r"),
+        ("HELD", "r"),
+        ("ROOM", "r"),
+        ("USE", "r"),
+    )
+    budget = spend.get("budget") or {}
+    caps = {n.get("namespace"): n for n in budget.get("namespaces") or []}
+
+    def cap_cells(cap: Mapping[str, Any] | None) -> list[Text]:
+        cap = cap or {}
+        limit, held, room = (
+            cap.get("cap_per_hour"),
+            cap.get("used_per_hour"),
+            cap.get("room_per_hour"),
+        )
+        if limit is None:
+            return [
+                _text("none"),
+                _text(format_price(held) if held is not None else None),
+                _text(None),
+                _text(None),
+            ]
+        share = f"{100 * held / limit:.0f}%" if limit and held is not None else "-"
+        full = room is not None and room <= 0
+        return [
+            _text(format_price(limit)),
+            _text(format_price(held)),
+            _text(format_price(room), "bold red" if full else ""),
+            _text(share, "bold red" if full else ""),
+        ]
+
+    total = spend.get("total") or {}
+    table.add_row(
+        _text("total", "bold"),
+        _text("-"),
+        _text(format_price(total.get("per_hour")), "bold"),
+        _text(_dollars(total.get("accumulated"))),
+        *cap_cells(budget.get("global_cap")),
+    )
+    namespaces = {n.get("namespace"): n for n in spend.get("namespaces") or []}
+    if namespaces or caps:
+        table.add_section()
+    for name in sorted(set(namespaces) | set(caps), key=str):
+        row = namespaces.get(name) or {}
+        table.add_row(
+            _text("namespace"),
+            _text(name, "bold"),
+            _text(format_price(row.get("per_hour", 0.0))),
+            _text(_dollars(row.get("accumulated", 0.0))),
+            *cap_cells(caps.get(name)),
+        )
+    providers = spend.get("providers") or []
+    if providers:
+        table.add_section()
+    for row in providers:
+        table.add_row(
+            _text("provider"),
+            _text(row.get("provider"), "bold"),
+            _text(format_price(row.get("per_hour"))),
+            _text(_dollars(row.get("accumulated"))),
+            _text("-"),
+            _text("-"),
+            _text("-"),
+            _text("-"),
+        )
+    return table
+
+
+def _dollars(value: Any) -> str:
+    return "-" if value is None else f"${value:.2f}"
+
+
+def _capacity(offer: Mapping[str, Any]) -> Text:
+    return Text("spot", style="yellow") if offer.get("spot") else Text("on-demand")
+
+
+def _penalties(penalties: Mapping[str, Any]) -> str:
+    parts = [
+        f"+{100 * float(penalties.get(key) or 0):.3g}% {label}"
+        for key, label in (
+            ("low_availability", "last instance"),
+            ("startup", "slow start-up"),
+            ("recent_failures", "recent failures"),
+        )
+        if penalties.get(key)
+    ]
+    return ", ".join(parts) or "none"
+
+
+def _wanted(request: Mapping[str, Any]) -> str:
+    models = ",".join(request.get("gpu_models") or []) or "any model"
+    parts = [
+        f"{request.get('gpu_count')} GPU ({models})",
+        f"{_number(request.get('cpu'))} vCPU",
+        f"{_number(request.get('memory_gib'))} GiB",
+        str(request.get("capacity_type")),
+    ]
+    if request.get("max_price_per_hour") is not None:
+        parts.append(f"at most {format_price(request.get('max_price_per_hour'))}")
+    if request.get("regions"):
+        parts.append("regions " + ",".join(request["regions"]))
+    if request.get("providers"):
+        parts.append("providers " + ",".join(request["providers"]))
+    parts.append(str(request.get("shape")))
+    return ", ".join(parts)
+
+
+_OUTCOMES = {
+    "placed": ("would be placed", "bold green"),
+    "no_capacity": ("fits no offer now (NoCapacity: it would wait and retry)", "bold yellow"),
+    "budget_exceeded": ("is held back by a budget cap (BudgetExceeded)", "bold yellow"),
+    "invalid": ("can never run as it is (InvalidSpec)", "bold red"),
+}
+
+
+def placement_view(result: Mapping[str, Any]) -> list[Table | Text]:
+    """``POST /v1/placements`` for a person: the verdict and why, the ranked candidates, and
+    every refused offer with the filter that refused it."""
+    pod = result.get("pod") or {}
+    outcome = str(result.get("outcome"))
+    verdict, style = _OUTCOMES.get(outcome, (outcome, "bold"))
+    shown: list[Table | Text] = []
+    head = Text(f"pod {pod.get('namespace')}/{pod.get('name')} ")
+    head.append(verdict, style=style)
+    chosen = result.get("chosen")
+    if isinstance(chosen, Mapping):
+        head.append(f" on {chosen.get('key')} at {format_price(chosen.get('price_per_hour'))}")
+    shown.append(head)
+    request = result.get("request")
+    if isinstance(request, Mapping):
+        shown.append(Text(f"  asks for: {_wanted(request)}"))
+    if result.get("why"):
+        shown.append(Text(f"  why: {result.get('why')}"))
+    shown.append(Text(f"  event: {result.get('message')}", style="dim"))
+    candidates = [c for c in result.get("candidates") or [] if isinstance(c, Mapping)]
+    if candidates:
+        table = _table(
+            ("RANK", "r"),
+            ("OFFER", "l"),
+            ("GPUS", "l"),
+            ("REGION", "l"),
+            ("CAPACITY", "l"),
+            ("PRICE", "r"),
+            ("SCORE", "r"),
+            ("PENALTIES", "l"),
+        )
+        for candidate in candidates:
+            offer = candidate.get("offer") or {}
+            table.add_row(
+                _text(candidate.get("rank")),
+                _text(offer.get("key"), "bold" if candidate.get("rank") == 1 else ""),
+                _text(_gpus(offer.get("gpu_count"), offer.get("gpu_model"))),
+                _text(offer.get("region")),
+                _capacity(offer),
+                _text(format_price(offer.get("price_per_hour"))),
+                _text(f"{float(candidate.get('score') or 0):.4f}"),
+                _text(_penalties(candidate.get("penalties") or {}), "dim"),
+            )
+        table.caption = (
+            f"a launch tries at most {result.get('tries_at_most')} of these, in this order "
+            "(score: price after penalties)"
+        )
+        shown.append(table)
+    refused = [r for r in result.get("refused") or [] if isinstance(r, Mapping)]
+    if refused:
+        table = _table(("REFUSED OFFER", "l"), ("PRICE", "r"), ("FILTER", "l"), ("WHY", "l"))
+        for refusal in refused:
+            offer = refusal.get("offer") or {}
+            table.add_row(
+                _text(offer.get("key")),
+                _text(format_price(offer.get("price_per_hour"))),
+                _text(refusal.get("filter"), "bold"),
+                _text(refusal.get("reason")),
+            )
+        removed = [
+            f"{f.get('removed')} by {f.get('filter')}"
+            for f in result.get("filters") or []
+            if isinstance(f, Mapping) and f.get("removed")
+        ]
+        table.caption = f"{len(refused)} of {result.get('offers_considered')} offers refused: " + (
+            ", ".join(removed)
+        )
+        shown.append(table)
+    elif outcome != "invalid":
+        shown.append(Text(f"  every one of the {result.get('offers_considered')} offers fits"))
+    if result.get("invalid_field"):
+        shown.append(Text(f"  field: {result.get('invalid_field')}", style="bold red"))
+    return shown
+
+
 def pods_table(pods: Sequence[Mapping[str, Any]], *, now: datetime | None = None) -> Table:
     """``GET /v1/pods`` as a table: which pod runs where, since when, at what price."""
     moment = now or datetime.now(UTC)
@@ -383,6 +685,15 @@ def _since(value: Any, now: datetime) -> str:
     moment = moment.astimezone(UTC)
     age = format_age((now - moment).total_seconds())
     return f"{moment:%Y-%m-%d %H:%M}Z ({age} ago)"
+
+
+def print_tables(console: Console, shown: Table | Sequence[Table | Text]) -> None:
+    """Print a table, or tables and lines of text in order (each table as ``print_table``)."""
+    for item in [shown] if isinstance(shown, Table) else shown:
+        if isinstance(item, Table):
+            print_table(console, item)
+        else:
+            console.print(item, highlight=False)
 
 
 def print_table(console: Console, table: Table) -> None:

@@ -13,7 +13,9 @@ and the cluster. Invariant: every process it started is stopped before it return
 from __future__ import annotations
 
 import contextlib
+import functools
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -177,6 +179,15 @@ def demo_deployment(replicas: int = 3) -> dict[str, Any]:
     }
 
 
+def shell_command(program: str, *args: str) -> str:
+    """A command line printed for a person to paste into any shell: ``program`` by the absolute
+    path of this interpreter's bin directory (the virtualenv's) when it is there, so it works
+    without activating the virtualenv. ``args`` are shell words, written as they are."""
+    installed = Path(sys.executable).parent / program
+    head = shlex.quote(str(installed)) if installed.is_file() else program
+    return " ".join([head, *args])
+
+
 def _die_with_parent() -> None:
     """In the agent child: get SIGTERM if the demo dies, so no agent is left behind."""
     import ctypes
@@ -214,7 +225,7 @@ def wait_agent_ready(
         if agent.poll() is not None:
             raise RuntimeError(f"the agent exited at start-up; see {log}")
         try:
-            with urllib.request.urlopen(url, timeout=5) as answer:  # noqa: S310 - loopback
+            with urllib.request.urlopen(url, timeout=5) as answer:
                 if answer.status == 200:
                     return
         except (urllib.error.URLError, OSError):
@@ -296,42 +307,42 @@ def run_demo(
         out.print(f"  virtual node {NODE_NAME}, kubelet API https://127.0.0.1:{kubelet_port}")
         out.print(f"  providers    {', '.join(p['name'] for p in SIMULATED_PROVIDERS)} (simulated)")
         out.print(f"  agent log    {log_path}")
-        out.print("\nLook at it from another terminal:", highlight=False)
-        # kubectl and vk-provider live in the demo's virtualenv: put it on the PATH first.
-        out.print(f"  export PATH={Path(sys.executable).parent}:$PATH", highlight=False)
+        out.print("\nLook at it from another terminal (commands by their full path in .venv):")
+        kubectl = functools.partial(shell_command, "kubectl")
+        vk = functools.partial(shell_command, "vk-provider")
         out.print(f"  export KUBECONFIG={kubeconfig}", highlight=False)
-        out.print("  kubectl get nodes -o wide", highlight=False)
-        out.print("  kubectl get pods -o wide -L vk-provider.io/provider", highlight=False)
+        out.print(f"  {kubectl('get nodes -o wide')}", highlight=False)
+        out.print(f"  {kubectl('get pods -o wide -L vk-provider.io/provider')}", highlight=False)
         out.print(
-            "  kubectl get pods -o custom-columns=NAME:.metadata.name,"
-            "PROVIDER:.metadata.annotations.vk-provider\\.io/provider,"
-            "PRICE:.metadata.annotations.vk-provider\\.io/price-per-hour",
+            "  "
+            + kubectl(
+                "get pods -o custom-columns=NAME:.metadata.name,"
+                "PROVIDER:.metadata.annotations.vk-provider\\.io/provider,"
+                "PRICE:.metadata.annotations.vk-provider\\.io/price-per-hour"
+            ),
             highlight=False,
         )
-        out.print(f"  kubectl logs -f deployment/{DEPLOYMENT}", highlight=False)
+        out.print(f"  {kubectl(f'logs -f deployment/{DEPLOYMENT}')}", highlight=False)
         out.print(
-            f"  kubectl describe pod -l app={DEPLOYMENT}   # ProviderSelected events",
+            f"  {kubectl(f'describe pod -l app={DEPLOYMENT}')}   # ProviderSelected events",
             highlight=False,
         )
-        out.print(f"  kubectl scale deployment/{DEPLOYMENT} --replicas=5", highlight=False)
+        out.print(f"  {kubectl(f'scale deployment/{DEPLOYMENT} --replicas=5')}", highlight=False)
         out.print("\nAnd the agent's REST API (provider status, offers, pods, spend):")
         out.print(f"  export VK_PROVIDER_URL=http://127.0.0.1:{rest_port}", highlight=False)
         out.print(f"  export VK_PROVIDER_TOKEN=$(cat {token_file})", highlight=False)
-        out.print(
-            "  vk-provider providers; vk-provider offers --gpu H100; vk-provider pods",
-            highlight=False,
-        )
+        out.print(f"  {vk('providers')}; {vk('offers --gpu H100')}; {vk('pods')}", highlight=False)
         out.print(f"  curl http://127.0.0.1:{rest_port}/metrics", highlight=False)
         first = SIMULATED_PROVIDERS[0]["name"]
         out.print("\nBreak a simulated cloud by hand (the agent sees it at once):")
-        out.print(f"  vk-provider local instances {state_dir / first}", highlight=False)
+        out.print(f"  {vk(f'local instances {state_dir / first}')}", highlight=False)
         out.print(
-            f"  vk-provider local lose {state_dir / first} <instance-id>"
+            f"  {vk(f'local lose {state_dir / first} <instance-id>')}"
             "   # the pod fails, its ReplicaSet replaces it elsewhere",
             highlight=False,
         )
         out.print(
-            f"  vk-provider local faults {state_dir / first} --call-failure-rate 0.5"
+            f"  {vk(f'local faults {state_dir / first} --call-failure-rate 0.5')}"
             "   # --clear to end it",
             highlight=False,
         )

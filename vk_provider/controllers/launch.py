@@ -18,7 +18,9 @@ Failover rules (PRODUCT.md §7), one per error class:
 
 Invariants: a reservation is released whenever its create fails, so the ledger only ever
 holds launched or launching pods; blocked entries expire by the injected clock; an offer or
-provider blocked during the walk is not called again in the same walk.
+provider blocked during the walk is not called again in the same walk; ``plan`` (the ranking
+and the walk's order) has no effects, and the placement dry run (``controllers.preview``)
+uses it as ``launch`` does.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from vk_provider.domain.budget import BudgetLedger
+from vk_provider.domain.budget import BudgetLedger, BudgetView
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -37,7 +39,13 @@ from vk_provider.domain.errors import (
     RateLimited,
 )
 from vk_provider.domain.models import Instance, Offer, WorkloadSpec
-from vk_provider.domain.placement import Placement, PlacementRequest, ProviderHealth, place
+from vk_provider.domain.placement import (
+    Placement,
+    PlacementPolicy,
+    PlacementRequest,
+    ProviderHealth,
+    place,
+)
 from vk_provider.settings.agent import PlacementConfig
 
 
@@ -69,6 +77,17 @@ class LaunchResult:
         if self.launched or self.invalid or self.retry_after is not None:
             return False
         return self.placement.budget_limited or (self.budget_skipped > 0 and not self.attempts)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """What a launch would do now: the ranking, and the candidates in the order it tries
+    them (a preferred offer first), with the provider health and budget room it saw."""
+
+    placement: Placement
+    order: tuple[Offer, ...]
+    health: Mapping[str, ProviderHealth]
+    budget: BudgetView
 
 
 class Launcher:
@@ -121,25 +140,45 @@ class Launcher:
         hard = self._current(self._blocked, now)
         return hard | self._current(self._avoided, now) if include_avoided else hard
 
-    def rank(
+    @property
+    def max_candidates(self) -> int:
+        """How many candidates one launch walks at most."""
+        return self._settings.max_candidates
+
+    @property
+    def policy(self) -> PlacementPolicy:
+        return self._settings.policy
+
+    def plan(
         self,
         request: PlacementRequest,
         offers: list[Offer],
         *,
         namespace: str,
         uid: str,
+        prefer: str | None = None,
         allow_avoided: bool = True,
-    ) -> Placement:
-        return place(
+    ) -> LaunchPlan:
+        """The ranking, and the order ``launch`` walks the candidates in, from the state of
+        now (blocks, breakers, budget). Calls no provider and reserves nothing: a dry run
+        (``controllers.preview``) shares it with ``launch``, so both choose alike."""
+        health = dict(self._health())
+        budget = self.ledger.view(namespace, excluding=uid)
+        placement = place(
             request,
             offers,
             blocked=self.blocked(include_avoided=not allow_avoided),
-            health=self._health(),
-            budget=self.ledger.view(namespace, excluding=uid),
+            health=health,
+            budget=budget,
             priorities=self._priorities,
             policy=self._settings.policy,
             capabilities=self.capabilities,
         )
+        candidates = list(placement.candidates)
+        if prefer:
+            # Retrying after a 429/5xx: the same candidate first, if it still qualifies.
+            candidates.sort(key=lambda o: o.key != prefer)
+        return LaunchPlan(placement, tuple(candidates), health, budget)
 
     async def launch(
         self,
@@ -150,17 +189,15 @@ class Launcher:
         prefer: str | None = None,
         allow_avoided: bool = True,
     ) -> LaunchResult:
-        placement = self.rank(
+        plan = self.plan(
             request,
             offers,
             namespace=spec.namespace,
             uid=spec.pod_uid,
+            prefer=prefer,
             allow_avoided=allow_avoided,
         )
-        candidates = list(placement.candidates)
-        if prefer:
-            # Retrying after a 429/5xx: the same candidate first, if it still qualifies.
-            candidates.sort(key=lambda o: o.key != prefer)
+        placement, candidates = plan.placement, plan.order
         attempts: list[Attempt] = []
         budget_skipped = 0
         walked = 0

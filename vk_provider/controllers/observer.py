@@ -27,6 +27,10 @@ class ControllerObserver(Protocol):
         """Reconciliation terminated an instance (orphan, duplicate, ended pod)."""
         ...
 
+    def pod_started(self, provider: str, seconds: float) -> None:
+        """A pod was first reported Running, ``seconds`` after it was bound to the node."""
+        ...
+
 
 class _Ignore:
     def placement(self, outcome: str) -> None:
@@ -39,6 +43,9 @@ class _Ignore:
         return None
 
     def instance_terminated(self, provider: str, reason: str) -> None:
+        return None
+
+    def pod_started(self, provider: str, seconds: float) -> None:
         return None
 
 

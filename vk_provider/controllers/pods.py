@@ -36,7 +36,13 @@ from vk_provider.controllers.podwatch import PodStore
 from vk_provider.controllers.podwriter import PodWriter
 from vk_provider.controllers.prober import Prober
 from vk_provider.controllers.reporter import StatusReporter
-from vk_provider.controllers.workqueue import Backoff, QueueClosed, WorkQueue
+from vk_provider.controllers.workqueue import (
+    UNOBSERVED,
+    Backoff,
+    QueueClosed,
+    QueueObserver,
+    WorkQueue,
+)
 from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import NotFound, ProviderError
@@ -87,6 +93,7 @@ class PodController:
         intervals: IntervalsConfig,
         workers: int,
         observer: ControllerObserver = NO_OBSERVER,
+        queue_observer: QueueObserver = UNOBSERVED,
         now: Callable[[], datetime] = _wall_clock,
     ) -> None:
         self._providers = dict(providers)
@@ -99,11 +106,14 @@ class PodController:
         self._now = now
         # One back-off per pod key: placement retries double from retry_backoff_seconds.
         self.queue: WorkQueue[PodKey] = WorkQueue(
-            Backoff(base=intervals.retry_backoff_seconds, cap=MAX_CRASH_BACKOFF_SECONDS)
+            Backoff(base=intervals.retry_backoff_seconds, cap=MAX_CRASH_BACKOFF_SECONDS),
+            observer=queue_observer,
         )
         self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
         self._memory: dict[PodKey, PodMemory] = {}
-        self._write = PodWriter(kube, store=store, recorder=recorder, host_ip=host_ip, now=now)
+        self._write = PodWriter(
+            kube, store=store, recorder=recorder, host_ip=host_ip, now=now, observer=observer
+        )
         # Probes the agent runs (providers whose containers it can reach); a verdict that
         # changes re-syncs the pod, whose status then shows it.
         self.prober = Prober(self._providers, on_change=self.queue.add, events=self._write.event)

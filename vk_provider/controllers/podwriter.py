@@ -9,7 +9,8 @@ request to ``/status`` — placing a pod costs one write.
 Invariants: status goes through ``/status`` only when it changes or a placement is staged;
 placement writes carry the pod's UID as a precondition; a staged placement that could not be
 written stays staged for the next try; Events never fail a sync (the recorder swallows API
-errors).
+errors); the first write of phase Running of a pod (by UID) reports its start latency, from its
+binding, to the observer — once per pod, not again after a crash loop.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
+from vk_provider.controllers.observer import NO_OBSERVER, ControllerObserver
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.domain import explain
 from vk_provider.domain.models import Instance
@@ -43,6 +45,7 @@ class PodWriter:
         recorder: EventRecorder,
         host_ip: str,
         now: Callable[[], datetime],
+        observer: ControllerObserver = NO_OBSERVER,
     ) -> None:
         self._kube = kube
         self._store = store
@@ -50,6 +53,8 @@ class PodWriter:
         self._host_ip = host_ip
         self._now = now
         self._staged: dict[str, dict[str, object]] = {}  # pod uid -> metadata to write
+        self._observer = observer
+        self._started: set[str] = set()  # UIDs whose Running was reported (until forgotten)
 
     async def status(
         self,
@@ -83,13 +88,27 @@ class PodWriter:
                 self._staged.setdefault(pod.uid, metadata)
             raise
         self._store.update(updated)
+        if wanted.get("phase") == "Running" and pod.phase != "Running":
+            self._first_running(pod, metadata)
+
+    def _first_running(self, pod: PodView, metadata: dict[str, object] | None) -> None:
+        if pod.uid in self._started:
+            return
+        self._started.add(pod.uid)
+        bound = pod.bound_at
+        if bound is not None:
+            self._observer.pod_started(
+                _provider_of(pod, metadata), (self._now() - bound).total_seconds()
+            )
 
     async def event(self, pod: PodView, event: explain.Event) -> None:
         await self._events.record(pod.raw, event.kind, event.reason, event.message)
 
     def forget_events(self, uid: str) -> None:
+        """The pod is gone: forget what was recorded about it (Events, its start)."""
         self._events.forget(uid)
         self._staged.pop(uid, None)
+        self._started.discard(uid)
 
     def place(
         self, pod: PodView, instance: Instance, *, offer_key: str, price: float, explanation: str
@@ -114,3 +133,11 @@ class PodWriter:
     async def delete(self, pod: PodView) -> None:
         """Delete the pod now (grace 0), only if it is still the one with this UID."""
         await self._kube.delete_pod_now(pod.namespace, pod.name, uid=pod.uid)
+
+
+def _provider_of(pod: PodView, metadata: dict[str, object] | None) -> str:
+    """The provider the pod runs on: from a placement written with this status, else the pod's."""
+    annotations = (metadata or {}).get("annotations")
+    if isinstance(annotations, dict) and isinstance(annotations.get(ANN_PROVIDER), str):
+        return str(annotations[ANN_PROVIDER])
+    return pod.placed.provider if pod.placed else "unknown"

@@ -15,6 +15,10 @@ Back-off is the queue's, per key, and the only back-off of the controllers:
 - ``forget(key)`` ends the hold and resets the key's failure count (a success, or room that
   appeared for pods waiting on capacity).
 
+What happens in the queue is reported to a ``QueueObserver`` (the metrics implement it, as
+client-go's workqueue metrics: depth, adds, time waiting, time processing, retries); the
+queue itself knows nothing of Prometheus.
+
 Invariants: a key is in at most one of {queued, processing}; ``get`` never returns a key that
 is being processed; time is the event loop's (``loop.time()``), so tests run the queue on
 simulated time (looptime) with exact delays.
@@ -23,12 +27,65 @@ simulated time (looptime) with exact delays.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+
+
+class QueueObserver(Protocol):
+    """What a work queue reports, as client-go's ``MetricsProvider`` of a named queue."""
+
+    def added(self) -> None:
+        """A key was added: it was neither waiting nor already marked to run again."""
+        ...
+
+    def depth(self, keys: int) -> None:
+        """Keys now waiting for a worker."""
+        ...
+
+    def waited(self, seconds: float) -> None:
+        """A worker took a key that had waited ``seconds`` since it was added."""
+        ...
+
+    def worked(self, seconds: float) -> None:
+        """A worker finished a key after ``seconds``."""
+        ...
+
+    def retried(self) -> None:
+        """A key was requeued after its back-off (``add_rate_limited``)."""
+        ...
+
+
+class _Unobserved:
+    def added(self) -> None:
+        return None
+
+    def depth(self, keys: int) -> None:
+        return None
+
+    def waited(self, seconds: float) -> None:
+        return None
+
+    def worked(self, seconds: float) -> None:
+        return None
+
+    def retried(self) -> None:
+        return None
+
+
+UNOBSERVED: QueueObserver = _Unobserved()
+
+
+def _now() -> float:
+    """The event loop's time (simulated in tests); the monotonic clock outside a loop."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +100,13 @@ class Backoff:
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, backoff: Backoff | None = None) -> None:
+    def __init__(
+        self, backoff: Backoff | None = None, *, observer: QueueObserver = UNOBSERVED
+    ) -> None:
         self._backoff = backoff or Backoff()
+        self._observer = observer
+        self._added_at: dict[K, float] = {}  # waiting or marked dirty: since when
+        self._started_at: dict[K, float] = {}  # being processed: since when
         self._queue: deque[K] = deque()
         self._queued: set[K] = set()
         self._processing: set[K] = set()
@@ -68,14 +130,24 @@ class WorkQueue(Generic[K]):
         """Keys waiting for a timer (polls and back-offs)."""
         return len(self._timers)
 
+    def _mark_added(self, key: K) -> None:
+        # Counted once per wait: a key added again while it waits (or while it is marked to
+        # run again after processing) is the same add, as in client-go.
+        if key not in self._added_at:
+            self._added_at[key] = _now()
+            self._observer.added()
+
     def _enqueue(self, key: K) -> None:
         if key in self._processing:
             self._dirty.add(key)
+            self._mark_added(key)
             return
         if key in self._queued:
             return
+        self._mark_added(key)
         self._queued.add(key)
         self._queue.append(key)
+        self._observer.depth(len(self._queue))
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -121,6 +193,7 @@ class WorkQueue(Generic[K]):
         delay = max(delay, at_least)
         if not self._closed:
             self._held[key] = asyncio.get_running_loop().time() + delay
+            self._observer.retried()
         self.add_after(key, delay)
         return delay
 
@@ -164,12 +237,19 @@ class WorkQueue(Generic[K]):
         key = self._queue.popleft()
         self._queued.discard(key)
         self._processing.add(key)
+        now = _now()
+        self._observer.depth(len(self._queue))
+        self._observer.waited(now - self._added_at.pop(key, now))
+        self._started_at[key] = now
         if self._queue:
             self._wake_one()
         return key
 
     def done(self, key: K) -> None:
         self._processing.discard(key)
+        started = self._started_at.pop(key, None)
+        if started is not None:
+            self._observer.worked(_now() - started)
         if key in self._dirty:
             self._dirty.discard(key)
             self.add(key)

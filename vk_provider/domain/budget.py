@@ -136,5 +136,6 @@ class BudgetLedger:
                 totals[key] = totals.get(key, 0.0) + entry.price * ((now - entry.since) / 3600.0)
         return totals
 
-    def total_per_hour(self) -> float:
-        return self._total()
+    def total_per_hour(self, namespace: str | None = None) -> float:
+        """$/hour held now (running and launching), in ``namespace`` or in all."""
+        return self._total(namespace)

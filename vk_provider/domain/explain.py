@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vk_provider.domain.budget import BudgetView
 from vk_provider.domain.errors import ProviderError
 from vk_provider.domain.models import Offer
-from vk_provider.domain.placement import Placement, PlacementRequest
+from vk_provider.domain.placement import CapacityType, Penalties, Placement, PlacementRequest
 
 # Reasons (PRODUCT.md §6).
 PROVIDER_SELECTED = "ProviderSelected"
@@ -93,14 +94,16 @@ def unplaceable(
     *,
     budget_limited: bool,
     failed_launches: int,
-    retry_in: float,
+    retry_in: float | None,
 ) -> Event:
+    """NoCapacity or BudgetExceeded; ``retry_in`` None (a dry run) leaves out the retry."""
+    retry = "" if retry_in is None else f"; retrying in {retry_in:.0f}s"
     if budget_limited:
         return Event(
             WARNING,
             BUDGET_EXCEEDED,
             f"launching {wanted(request)} would exceed a budget cap "
-            f"(offers removed {placement.explain()}); retrying in {retry_in:.0f}s",
+            f"(offers removed {placement.explain()}){retry}",
         )
     tried = f"; {failed_launches} launch(es) failed" if failed_launches else ""
     unable = (
@@ -112,8 +115,111 @@ def unplaceable(
         WARNING,
         NO_CAPACITY,
         f"no offer fits {wanted(request)}: offers removed {placement.explain()}{tried}"
-        f"{unable}; retrying in {retry_in:.0f}s",
+        f"{unable}{retry}",
     )
+
+
+def _price(value: float) -> str:
+    return f"${value:.4f}/h"
+
+
+def _listed(values: Sequence[str]) -> str:
+    return ", ".join(values)
+
+
+def refusal(
+    name: str, request: PlacementRequest, offer: Offer, *, budget: BudgetView | None = None
+) -> str:
+    """Why the placement filter ``name`` (``placement.FILTERS``) removed ``offer``: what the
+    offer has against what the pod asks, naming the annotation that asks it."""
+    gpus = f"{offer.gpu_count} GPU(s)"
+    if name == "provider":
+        return f"{offer.provider} is not in vk-provider.io/providers ({_listed(request.providers)})"
+    if name == "shape":
+        return f"{offer.provider} cannot run {request.shape.describe()}"
+    if name == "gpu-count":
+        if request.gpu_count == 0:
+            return f"has {gpus}; the pod asks for none, so only CPU offers fit"
+        return f"has {gpus}; the pod needs {request.gpu_count}"
+    if name == "gpu-model":
+        model = offer.gpu_model or "no GPU"
+        return f"{model} is not one of vk-provider.io/gpu ({_listed(request.gpu_models)})"
+    if name == "gpu-memory":
+        return (
+            f"{offer.gpu_memory_gib:g} GiB per GPU; vk-provider.io/min-gpu-memory asks "
+            f"{request.min_gpu_memory_gib:g} GiB"
+        )
+    if name == "cpu":
+        return f"{offer.vcpus:g} vCPUs; the pod requests {request.cpu:g}"
+    if name == "memory":
+        return f"{offer.memory_gib:g} GiB memory; the pod requests {request.memory_gib:g} GiB"
+    if name == "region":
+        regions = _listed(request.regions)
+        return f"region {offer.region} is not one of vk-provider.io/regions ({regions})"
+    if name == "capacity-type":
+        kind = "spot" if offer.spot else "on-demand"
+        asked = request.capacity_type.value
+        default = " (the default)" if request.capacity_type is CapacityType.ON_DEMAND else ""
+        return f"{kind}; vk-provider.io/capacity-type is {asked}{default}"
+    if name == "price":
+        limit = request.max_price_per_hour or 0.0
+        return (
+            f"{_price(offer.price_per_hour)} is more than vk-provider.io/max-price {_price(limit)}"
+        )
+    if name == "sold-out":
+        return "sold out: the provider can start none now"
+    if name == "provider-health":
+        return (
+            f"{offer.provider}'s circuit breaker holds calls back (it kept failing); "
+            "it is probed again later"
+        )
+    if name == "blocked":
+        return (
+            "skipped for a while: the provider refused it (no capacity) or refused the "
+            "credentials, or an instance was lost there lately"
+        )
+    if name == "budget":
+        rooms = []
+        if budget is not None and budget.namespace_room is not None:
+            rooms.append(f"{_price(max(budget.namespace_room, 0.0))} left in the namespace")
+        if budget is not None and budget.global_room is not None:
+            rooms.append(f"{_price(max(budget.global_room, 0.0))} left in all")
+        left = f" ({'; '.join(rooms)})" if rooms else ""
+        return f"{_price(offer.price_per_hour)} would exceed a budget cap{left}"
+    return name
+
+
+def penalty_notes(penalties: Penalties) -> str:
+    """``+5% last instance, +1% start-up`` (empty when there are none)."""
+    parts = [
+        f"+{value * 100:.3g}% {label}"
+        for value, label in (
+            (penalties.low_availability, "last instance"),
+            (penalties.startup, "slow start-up"),
+            (penalties.recent_failures, "recent provider failures"),
+        )
+        if value > 0
+    ]
+    return ", ".join(parts)
+
+
+def why_chosen(ranked: Sequence[tuple[Offer, float]]) -> str:
+    """Why the first of ``ranked`` (offers with their scores, in ``place()``'s order) wins."""
+    if not ranked:
+        return ""
+    first, score = ranked[0]
+    if len(ranked) == 1:
+        return f"the only offer that fits (score {score:.4f})"
+    second, runner_up = ranked[1]
+    versus = f"{second.key} scores {runner_up:.4f}"
+    if score < runner_up:
+        return (
+            f"lowest price after penalties: {first.key} scores {score:.4f} "
+            f"({_price(first.price_per_hour)} before penalties); next, {versus}"
+        )
+    if first.price_per_hour < second.price_per_hour:
+        return f"tied after penalties with {second.key}; the lower price wins"
+    return f"tied on score and price with {second.key}: provider priority, then the offer key"
 
 
 def instance_lost(

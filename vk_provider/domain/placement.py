@@ -4,7 +4,8 @@
 price per hour after penalties — low availability, slow start-up, recent provider failures
 (``PlacementPolicy``) — cheapest first; ties are broken by raw price, provider priority and
 the offer key, so the same input always gives the same answer. When nothing fits, the
-result says which filter removed how many offers, so the pod's Event can say why.
+result says which filter removed how many offers, so the pod's Event can say why, and
+which filter removed each offer (``Placement.refused``), so a dry run can say it per offer.
 
 Invariants: no I/O, no clock. Provider health, blocked offers and the budget are passed in
 as data; every candidate satisfies every hard constraint, including the budget.
@@ -89,6 +90,19 @@ class PlacementRequest:
     shape: PodShape = PodShape()
 
 
+def shape_refused(
+    request: PlacementRequest, capabilities: Mapping[str, Capabilities]
+) -> tuple[str, ...]:
+    """The providers the pod may use, when none of them can run its shape (an InvalidSpec:
+    no offer will ever do); empty when one can, or when the pod is one container."""
+    if request.shape.single:
+        return ()
+    allowed = [name for name in capabilities if not request.providers or name in request.providers]
+    if allowed and not any(request.shape.runs_on(capabilities[name]) for name in allowed):
+        return tuple(allowed)
+    return ()
+
+
 def gpu_matches(wanted: str, offered: str | None) -> bool:
     """``H100`` matches any H100 variant (``H100-SXM``); ``H100-SXM`` matches only itself."""
     if offered is None:
@@ -135,16 +149,36 @@ class PlacementPolicy:
     failure_penalty_cap: float = 0.50
 
 
+@dataclass(frozen=True, slots=True)
+class Penalties:
+    """The penalties of one offer, as fractions of its price (``0.05`` is +5 %)."""
+
+    low_availability: float = 0.0  # the offer's last instance
+    startup: float = 0.0  # slow start-up, per minute, capped
+    recent_failures: float = 0.0  # the provider failed lately, per failure, capped
+
+    @property
+    def total(self) -> float:
+        return self.low_availability + self.startup + self.recent_failures
+
+
+def penalties(offer: Offer, health: ProviderHealth, policy: PlacementPolicy) -> Penalties:
+    """What ``score`` adds to an offer's price, one reason at a time."""
+    return Penalties(
+        low_availability=policy.low_availability_penalty if offer.available <= 1 else 0.0,
+        startup=min(
+            offer.startup_seconds / 60.0 * policy.startup_penalty_per_minute,
+            policy.startup_penalty_cap,
+        ),
+        recent_failures=min(
+            health.recent_failures * policy.failure_penalty, policy.failure_penalty_cap
+        ),
+    )
+
+
 def score(offer: Offer, health: ProviderHealth, policy: PlacementPolicy) -> float:
     """The price per hour after penalties; lower is better."""
-    penalty = 0.0
-    if offer.available <= 1:
-        penalty += policy.low_availability_penalty
-    penalty += min(
-        offer.startup_seconds / 60.0 * policy.startup_penalty_per_minute, policy.startup_penalty_cap
-    )
-    penalty += min(health.recent_failures * policy.failure_penalty, policy.failure_penalty_cap)
-    return offer.price_per_hour * (1.0 + penalty)
+    return offer.price_per_hour * (1.0 + penalties(offer, health, policy).total)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +239,8 @@ class Placement:
     removed: tuple[tuple[str, int], ...] = field(default=())
     # Providers that cannot run the pod's shape (more than one container): named in Events.
     unable: tuple[str, ...] = ()
+    # Every offer that did not pass, with the filter that removed it (the first it failed).
+    refused: tuple[tuple[Offer, str], ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -244,9 +280,15 @@ def place(
     )
     remaining: Sequence[Offer] = list(offers)
     removed: list[tuple[str, int]] = []
+    refused: list[tuple[Offer, str]] = []
     unable: set[str] = set()
     for name in FILTERS:
-        kept = [o for o in remaining if _passes(name, request, o, ctx)]
+        kept: list[Offer] = []
+        for offer in remaining:
+            if _passes(name, request, offer, ctx):
+                kept.append(offer)
+            else:
+                refused.append((offer, name))
         removed.append((name, len(remaining) - len(kept)))
         if name == "shape":
             unable = {o.provider for o in remaining} - {o.provider for o in kept}
@@ -262,4 +304,5 @@ def place(
         candidates=tuple(sorted(remaining, key=rank)),
         removed=tuple(removed),
         unable=tuple(sorted(unable)),
+        refused=tuple(refused),
     )

@@ -287,6 +287,20 @@ class PodView:
     def start_time(self) -> datetime | None:
         return parse_time(_mapping(self.raw.get("status")).get("startTime"))
 
+    @property
+    def bound_at(self) -> datetime | None:
+        """When the pod was bound to the node: its ``PodScheduled=True`` condition's
+        ``lastTransitionTime`` (the scheduler's binding); for a pod created with
+        ``spec.nodeName`` (no scheduler), its ``creationTimestamp``."""
+        status = _mapping(self.raw.get("status"))
+        for condition in _list(status.get("conditions")):
+            body = _mapping(condition)
+            if body.get("type") == "PodScheduled" and body.get("status") == "True":
+                moment = parse_time(body.get("lastTransitionTime"))
+                if moment is not None:
+                    return moment
+        return parse_time(_mapping(self.raw.get("metadata")).get("creationTimestamp"))
+
 
 def _placed(annotations: Mapping[str, str]) -> Placed | None:
     provider = annotations.get(ANN_PROVIDER)

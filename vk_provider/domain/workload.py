@@ -292,6 +292,27 @@ def to_request(
     return Translation(spec, placement_request(spec, annotations), tuple(dict.fromkeys(skipped)))
 
 
+def without_environment(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod with every container's ``env`` and ``envFrom`` removed: what a placement dry
+    run translates. Placement never depends on the environment, so a dry run needs no Secret
+    or ConfigMap, and none of their values (nor a literal ``env`` value) can reach its answer.
+    The input is not changed."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return dict(pod)
+    stripped: dict[str, Any] = dict(spec)
+    for kind in ("containers", "initContainers"):
+        containers = spec.get(kind)
+        if isinstance(containers, list):
+            stripped[kind] = [
+                {k: v for k, v in c.items() if k not in ("env", "envFrom")}
+                if isinstance(c, Mapping)
+                else c
+                for c in containers
+            ]
+    return {**pod, "spec": stripped}
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """GPUs, vCPUs and GiB a pod requests (what it holds on the node while placed)."""

@@ -40,6 +40,7 @@ from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.overflow import OverflowController
 from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.podwatch import PodStore, PodWatch
+from vk_provider.controllers.preview import PlacementPreview
 from vk_provider.controllers.prometheus import PrometheusSignal
 from vk_provider.controllers.reconcile import Reconciler
 from vk_provider.domain.breaker import CircuitBreaker
@@ -162,6 +163,7 @@ class Agent:
             intervals=intervals,
             workers=config.workers,
             observer=metrics,
+            queue_observer=metrics.work_queue("pods"),
         )
         in_cluster_ca = IN_CLUSTER_CA if IN_CLUSTER_CA.exists() else None  # noqa: ASYNC240 - once
         token_reviews = TokenReviewAuthenticator(kube)
@@ -256,6 +258,10 @@ class Agent:
             readiness=readiness,
             overdue=lambda: reconciler.overdue,
             overflow=overflow.view if overflow is not None else None,
+            instances=pods.tracker.all,
+            preview=PlacementPreview(
+                launcher=launcher, offers=offers, node_name=config.node.name, host_ip=address
+            ).preview,
         )
         metrics.attach(view)
         rest_cfg = config.rest

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from providers.kubernetes.plugin import PROVIDER_TYPE as KUBERNETES
 from providers.lambda_cloud.plugin import PROVIDER_TYPE as LAMBDA
@@ -27,6 +28,7 @@ from providers.runpod.plugin import PROVIDER_TYPE as RUNPOD
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.agent import AgentConfig, load_config, parse_config
 from vk_provider.settings.providers import BuildContext, ProviderSettings, ProviderType
+from vk_provider.settings.schema import config_schema
 from vk_provider.settings.secrets import ConfigError
 
 ENTRY_POINT_GROUP = "vk_provider.providers"
@@ -83,6 +85,10 @@ class Registry:
 
     def settings_models(self) -> dict[str, type[ProviderSettings]]:
         return {name: kind.settings for name, kind in self._types.items()}
+
+    def config_schema(self) -> dict[str, Any]:
+        """The configuration's JSON Schema, with every registered provider type."""
+        return config_schema(self.settings_models())
 
     def parse_config(self, data: object) -> AgentConfig:
         return parse_config(data, self.settings_models())

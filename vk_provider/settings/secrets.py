@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, GetJsonSchemaHandler, field_validator, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 
 class ConfigError(ValueError):
@@ -48,6 +51,19 @@ class SecretRef(Strict):
         ):
             raise ValueError("must be a reference 'env:VAR' or 'file:/absolute/path', not a value")
         return value
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        # As it is written in YAML: a string, not the object that holds it.
+        schema: dict[str, Any] = {
+            "type": "string",
+            "pattern": r"^(env:.+|file:/.+)$",
+            "description": "A credential by reference: env:VAR or file:/absolute/path.",
+            "examples": ["env:RUNPOD_API_KEY", "file:/var/run/secrets/vk-provider/api-key"],
+        }
+        return schema
 
     def resolve(self) -> str:
         """Read the secret now. The error names the reference, never the value."""
