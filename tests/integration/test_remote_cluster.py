@@ -625,7 +625,10 @@ async def test_port_forward_through_a_reaches_a_server_in_b(
         linked_bridge.agent_a.node,
         "server",
         command=[PY, "-c", SERVE],
-        container={"env": [{"name": "PORT", "value": str(port)}]},
+        container={
+            "env": [{"name": "PORT", "value": str(port)}],
+            "ports": [{"containerPort": port}],  # B's local provider forwards declared ports
+        },
     )
     await client.CoreV1Api(kube).create_namespaced_pod(namespace, pod)
     await _running(api, namespace, "server", linked_bridge.agent_a)
