@@ -114,12 +114,14 @@ def test_port_frames_refuse_another_port_or_channel() -> None:
 
 
 def test_requested_ports_of_the_websocket_port_forward() -> None:
-    assert requested_ports([("ports", "80,443"), ("ports", "8080")]) == [80, 443, 8080]
-    for bad, message in (([], "required"), ([("ports", "")], "empty"), ([("ports", "x")], "x")):
+    # The API server sends a kubelet ``port`` (the client's ``ports``, joined by commas).
+    assert requested_ports([("port", "80,443"), ("port", "8080")]) == [80, 443, 8080]
+    assert requested_ports([("port", "80"), ("ports", "9")]) == [80]
+    for bad, message in (([], "required"), ([("port", "")], "empty"), ([("port", "x")], "x")):
         with pytest.raises(ValueError, match=message):
             requested_ports(bad)
     with pytest.raises(ValueError, match="not a port"):
-        requested_ports([("ports", "70000")])
+        requested_ports([("port", "70000")])
 
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -15,7 +15,7 @@ from aiohttp import WSMsgType, web
 from providers.kubernetes import channels
 from providers.kubernetes.kubeconfig import ClusterAccess
 from providers.kubernetes.streams import RemoteCommand, RemotePort, RemoteStreams
-from vk_provider.api.portforward_ws import serve_websocket_port_forward
+from vk_provider.api.portforward_ws import requested_ports, serve_websocket_port_forward
 from vk_provider.domain.contract import PortStream
 from vk_provider.domain.errors import AuthFailed, Transient
 from vk_provider.domain.redact import Redactor
@@ -98,7 +98,9 @@ async def remote(echo_port: int) -> AsyncIterator[RemoteStreams]:
         return _Tcp(*await asyncio.open_connection("127.0.0.1", port))
 
     async def port_forward(request: web.Request) -> web.StreamResponse:
-        ports = [int(p) for p in request.query.getall("ports")]
+        # As B's API server would: the client's ``ports`` become the kubelet's ``port``.
+        query = [("port", v) for k, v in request.query.items() if k == "ports"]
+        ports = requested_ports(query)
         return await serve_websocket_port_forward(request, ports, open_port, target="pod p")
 
     app = web.Application()

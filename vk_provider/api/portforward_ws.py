@@ -6,7 +6,8 @@ node is ours) to the kubelet as it is (``PortForwardREST``: only the
 ``SPDY/3.1+portforward.k8s.io`` tunnel is unwrapped), so a kubelet serves it itself, as
 kubelet's ``portforward/websocket.go`` does:
 
-- the ``ports`` query (repeated or comma-separated) names the ports; port ``i`` gets data
+- the ``port`` query (repeated or comma-separated: the API server turns the client's
+  ``ports`` into the kubelet's ``port``, ``PortHeader``) names the ports; port ``i`` gets data
   channel ``2i`` and error channel ``2i + 1``; every message is a channel byte and data;
 - the server first writes each port, 2 bytes little-endian, on both of its channels;
 - one TCP connection per port; bytes of the data channel go to it and its bytes come back;
@@ -15,7 +16,7 @@ kubelet's ``portforward/websocket.go`` does:
 
 Only the binary protocol (``v4.channel.k8s.io``, or no subprotocol) is offered.
 
-Invariants: a bad ``ports`` query is refused before the upgrade, naming the parameter; every
+Invariants: a bad ``port`` query is refused before the upgrade, naming the parameter; every
 port connection opened is closed and every task ended when the exchange ends, whichever side
 ends it.
 """
@@ -36,24 +37,25 @@ from vk_provider.domain.contract import PortStream
 log = logging.getLogger(__name__)
 
 PROTOCOL = "v4.channel.k8s.io"
+PORT_PARAMETER = "port"  # what the API server sends a kubelet (core/v1 PortHeader)
 _CHUNK = 32 * 1024
 
 _Send = Callable[[int, bytes], Awaitable[None]]
 
 
 def requested_ports(query: Mapping[str, str] | Sequence[tuple[str, str]]) -> list[int]:
-    """The ports of the ``ports`` query; ValueError naming the parameter when it is bad."""
+    """The ports of the ``port`` query; ValueError naming the parameter when it is bad."""
     pairs = query.items() if isinstance(query, Mapping) else query
-    values = [value for key, value in pairs if key == "ports"]
+    values = [value for key, value in pairs if key == PORT_PARAMETER]
     if not values:
-        raise ValueError('query parameter "ports" is required')
+        raise ValueError(f"query parameter {PORT_PARAMETER!r} is required")
     ports = []
     for value in values:
         if not value:
-            raise ValueError('query parameter "ports" cannot be empty')
+            raise ValueError(f"query parameter {PORT_PARAMETER!r} cannot be empty")
         for part in value.split(","):
             if not part.isdigit() or not 1 <= int(part) <= 65535:
-                raise ValueError(f'query parameter "ports": {part!r} is not a port')
+                raise ValueError(f"query parameter {PORT_PARAMETER!r}: {part!r} is not a port")
             ports.append(int(part))
     return ports
 
