@@ -48,6 +48,7 @@ from vk_provider.cli.manifests import (
     parse_reference,
     read_manifest,
 )
+from vk_provider.cli.plugin import plugin_app
 from vk_provider.cluster.binaries import PINNED, Binaries, ensure_binaries
 from vk_provider.cluster.binaries import Progress as BuildProgress
 from vk_provider.cluster.cluster import LocalCluster
@@ -71,6 +72,7 @@ config_app = typer.Typer(help="The agent's configuration file.", no_args_is_help
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(config_app, name="config")
 app.add_typer(local_app, name="local")
+app.add_typer(plugin_app, name="plugin")
 
 # No emoji: a message like "credential env:KEY:" must not turn into a picture of a key.
 console = Console(stderr=True, soft_wrap=True, emoji=False)
