@@ -48,7 +48,7 @@ def parse_address(value: str, *, server: bool = False) -> PluginAddress:
         raw = value.removeprefix("unix:")
         raw = raw.removeprefix("//") if raw.startswith("///") else raw
         path = Path(raw)
-        if not raw or not path.is_absolute():
+        if not raw.startswith("/") or raw.startswith("//"):
             raise ValueError(f"{value!r}: a Unix socket address is unix:///absolute/path.sock")
         return PluginAddress(unix_path=path)
     if "://" in value:

@@ -65,6 +65,8 @@ class _Servicer:
     async def _run(self, context: grpc.aio.ServicerContext[Any, Any], work: Awaitable[T]) -> T:
         try:
             return await work
+        except StopAsyncIteration:
+            raise  # the end of a log stream, not a failure
         except ProviderError as exc:
             await _abort(context, exc)
         except wire.WireError as exc:
