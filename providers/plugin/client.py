@@ -13,8 +13,9 @@ Invariants:
   breaker and its pods treat a dead plugin exactly as a provider outage.
 - Calls fail fast while the plugin is down (no ``wait_for_ready``) and the channel reconnects
   on its own with a short back-off, so calls succeed again soon after the plugin is back.
-- Instances are reported under this provider's configured name, whatever the plugin calls
-  itself; exec and port-forward are never offered (they are not on the wire).
+- Offers and instances (their ``provider`` and ``offer_key``) carry this provider's configured
+  name, whatever the plugin calls itself; a create sends the plugin its own name back. Exec
+  and port-forward are never offered (they are not on the wire).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -113,10 +115,12 @@ class GrpcProvider:
             response_deserializer=response,
         )
         try:
-            answer: T = await callable_(request, timeout=self._settings.timeout_seconds)
+            return await callable_(request, timeout=self._settings.timeout_seconds)
         except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
-        return answer
+            error = self._error(exc)
+        # Raised outside the handler: the domain error keeps no reference to gRPC's call
+        # objects (its message has the code and details), which outlive their event loop.
+        raise error
 
     # ------------------------------------------------------------------ the contract
 
@@ -160,10 +164,13 @@ class GrpcProvider:
 
     async def offers(self) -> list[Offer]:
         got = await self._call("Offers", pb.OffersRequest(), pb.OffersResponse.FromString)
-        return [wire.offer_from_pb(o) for o in got.offers]
+        # Offers are the agent's by this provider's configured name (placement, ledger,
+        # annotations); the plugin gets its own name back with a create.
+        return [replace(wire.offer_from_pb(o), provider=self.name) for o in got.offers]
 
     async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
-        request = pb.CreateRequest(spec=wire.spec_to_pb(spec), offer=wire.offer_to_pb(offer))
+        theirs = replace(offer, provider=self.plugin_name or offer.provider)
+        request = pb.CreateRequest(spec=wire.spec_to_pb(spec), offer=wire.offer_to_pb(theirs))
         got = await self._call("Create", request, pb.Instance.FromString)
         return self._instance(got)
 
@@ -190,13 +197,16 @@ class GrpcProvider:
         # A followed stream lasts as long as the container writes; a plain read is one call.
         timeout = None if options.follow else self._settings.timeout_seconds
         call = stream(wire.log_request_to_pb(instance_id, options), timeout=timeout)
+        failed: ProviderError | None = None
         try:
             async for chunk in call:
                 yield chunk.data
         except grpc.aio.AioRpcError as exc:
-            raise self._error(exc) from exc
+            failed = self._error(exc)
         finally:
             call.cancel()  # the reader stopped early: end the stream at the plugin too
+        if failed is not None:
+            raise failed
 
     async def usage(self, instance_id: str) -> list[ContainerUsage]:
         if not self._capabilities.usage:
@@ -224,9 +234,14 @@ class GrpcProvider:
 
     def _instance(self, message: pb.Instance) -> Instance:
         try:
-            return wire.instance_from_pb(message, provider=self.name)
+            instance = wire.instance_from_pb(message, provider=self.name)
         except wire.WireError as exc:
             raise self._error(exc) from exc
+        theirs = f"{self.plugin_name}/"
+        if self.plugin_name and instance.offer_key.startswith(theirs):
+            ours = f"{self.name}/{instance.offer_key.removeprefix(theirs)}"
+            instance = replace(instance, offer_key=ours)
+        return instance
 
 
 def _serialize(message: object) -> bytes:

@@ -68,7 +68,12 @@ async def test_a_killed_plugin_fails_calls_as_transient_and_recovers_on_restart(
                 "print('hello', flush=True); import time; time.sleep(120)",
             ),
         )
-        created = await client.create(spec, (await client.offers())[0])
+        (offer,) = await client.offers()
+        # The agent knows the provider by its configured name; the plugin by its own.
+        assert offer.provider == "out-of-process" and client.plugin_name == "local-x"
+        created = await client.create(spec, offer)
+        assert created.provider == "out-of-process"
+        assert created.offer_key == offer.key == "out-of-process/cpu/local"
 
         async def running() -> bool:
             return (await client.get(created.instance_id)).state is InstanceState.RUNNING
