@@ -14,7 +14,7 @@ from providers.plugin.client import GrpcProvider
 from providers.plugin.config import GrpcProviderConfig
 from tests.helpers import wait_for
 from tests.integration.agent_harness import reap_runners
-from tests.plugin_process import PluginProcess, local_entry
+from tests.plugin_process import PluginProcess, local_entry, tls_material
 from vk_provider.domain.errors import ProviderError, Transient
 from vk_provider.domain.models import InstanceState, LogOptions, WorkloadSpec
 
@@ -104,3 +104,43 @@ async def test_a_killed_plugin_fails_calls_as_transient_and_recovers_on_restart(
         await client.delete(created.instance_id, grace_seconds=0)
     finally:
         await client.close()
+
+
+async def test_tls_refuses_a_client_without_the_certificate_or_trusting_another_ca(
+    tmp_path: Path,
+) -> None:
+    tls = tls_material(tmp_path / "tls")
+    process = PluginProcess(
+        entry=local_entry("local-tls", tmp_path / "instances", OFFERS),
+        root=tmp_path / "plugin",
+        listen="127.0.0.1:0",
+        tls=tls,
+        require_client_cert=True,
+    )
+    process.start()
+    try:
+
+        def client(tls_settings: dict[str, str]) -> GrpcProvider:
+            return GrpcProvider(
+                GrpcProviderConfig.model_validate(
+                    {"type": "grpc", "name": "t", "address": process.address}
+                    | {"tls": tls_settings, "timeout_seconds": 5}
+                )
+            )
+
+        good = {"ca_file": str(tls.ca), "cert_file": str(tls.client.cert)}
+        good["key_file"] = str(tls.client.key)
+        for refused in ({"ca_file": str(tls.ca)}, {**good, "ca_file": str(tls.other_ca)}):
+            caller = client(refused)
+            try:
+                with pytest.raises(Transient, match="UNAVAILABLE"):
+                    await caller.offers()
+            finally:
+                await caller.close()
+        caller = client(good)
+        try:
+            assert [o.sku for o in await caller.offers()] == ["cpu"]
+        finally:
+            await caller.close()
+    finally:
+        process.stop()
