@@ -125,9 +125,10 @@ class PluginProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self) -> None:
+    def stop(self) -> int | None:
+        """SIGTERM, and its exit code (SIGKILL after 30 s: then negative)."""
         if self.process is None:
-            return
+            return None
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -136,3 +137,4 @@ class PluginProcess:
                 self.kill()
         if self.process.stdout is not None:
             self.process.stdout.close()
+        return self.process.returncode

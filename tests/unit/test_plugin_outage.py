@@ -142,5 +142,6 @@ async def test_tls_refuses_a_client_without_the_certificate_or_trusting_another_
             assert [o.sku for o in await caller.offers()] == ["cpu"]
         finally:
             await caller.close()
+        assert process.stop() == 0, "SIGTERM stops `plugin serve` cleanly"
     finally:
         process.stop()
