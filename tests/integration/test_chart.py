@@ -38,7 +38,7 @@ from tests.integration.agent_harness import (
     pod_on,
 )
 from vk_provider.cluster.cluster import LocalCluster
-from vk_provider.cluster.helm import ensure_helm
+from vk_provider.cluster.helm import HELM, ensure_helm
 from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration
@@ -77,6 +77,8 @@ def _values_file(tmp_path: Path, values: dict[str, Any]) -> Path:
 
 
 def test_helm_lint_passes_for_both_identities(helm: Path, tmp_path: Path) -> None:
+    version = _run([str(helm), "version", "--short"])
+    assert version.stdout.strip().startswith(HELM.version), version.stdout  # stamped
     for identity in ("serviceAccount", "node"):
         values = _values_file(
             tmp_path,
@@ -102,6 +104,24 @@ def test_bad_values_fail_the_render_naming_the_value(helm: Path, tmp_path: Path)
         )
         assert rendered.returncode != 0
         assert field in rendered.stderr, rendered.stderr
+
+
+def test_the_service_account_roles_are_deploy_rbac_yaml_s(helm: Path) -> None:
+    """The chart and the raw manifests grant the same rights (one tested set of rules)."""
+    rendered = _run([str(helm), "template", "r", str(CHART)])
+    assert rendered.returncode == 0, rendered.stderr
+    ours = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered.stdout) if d}
+    raw = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in yaml.safe_load_all((CHART.parents[1] / "rbac.yaml").read_text())
+        if d
+    }
+    for kind, chart_name, raw_name in (
+        ("ClusterRole", "r-vk-provider", "vk-provider"),
+        ("Role", "r-vk-provider-lease", "vk-provider-lease"),
+        ("ClusterRole", "r-vk-provider-viewer", "vk-provider-viewer"),
+    ):
+        assert ours[(kind, chart_name)]["rules"] == raw[(kind, raw_name)]["rules"], chart_name
 
 
 def test_template_passes_a_server_side_dry_run(
@@ -239,7 +259,8 @@ async def test_install_then_the_agent_runs_with_what_the_chart_created(
             },
             "rest": {"listen": "127.0.0.1:0", "static_token": "env:VK_REST_TOKEN"},
             "intervals": {"lease_seconds": 2, "node_status_seconds": 5, "pod_status_seconds": 0.5},
-            "identity": {"certificate_seconds": 3600},
+            # The shortest lifetime a CSR may ask (600 s), renewed at a tenth: within a minute.
+            "identity": {"certificate_seconds": 600, "renew_fraction": 0.1},
             "providers": [
                 {
                     "type": "local",
@@ -376,6 +397,46 @@ async def test_install_then_the_agent_runs_with_what_the_chart_created(
             sa_token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
             async with _as_token(sa_token, control_plane) as as_sa:
                 assert (await as_sa.get(f"{secrets}/pod-secret")).status_code == 403
+
+            # Approved by the csrapproving controller (the nodeclient ClusterRole), not by us.
+            certificates = client.CertificatesV1Api(kube)
+            selector = f"vk-provider.io/node={node_name}"
+            csrs = await certificates.list_certificate_signing_request(label_selector=selector)
+            assert csrs.items
+            for csr in csrs.items:
+                approved = [c for c in csr.status.conditions if c.type == "Approved"]
+                assert approved and approved[0].reason == "AutoApproved", csr.status.conditions
+
+            # Renewal: a new certificate before the old one expires, and the agent goes on
+            # working through it (a second pod runs with its Secret).
+            first_serial = certificate.serial_number
+            cert_file = agent.state_dir / "node-identity" / "node-client.crt"
+
+            async def renewed() -> bool:
+                fresh = x509.load_pem_x509_certificate(cert_file.read_bytes())
+                return fresh.serial_number != first_serial
+
+            await wait_for(renewed, timeout=150, interval=1, what="the node certificate renewed")
+            renewals = await certificates.list_certificate_signing_request(label_selector=selector)
+            assert len(renewals.items) >= 2
+            await core.create_namespaced_pod(
+                namespace,
+                pod_on(
+                    node_name,
+                    "after-renewal",
+                    command=command,
+                    restart_policy="Never",
+                    container={"env": env},
+                ),
+            )
+
+            async def renewed_pod_succeeded() -> bool:
+                pod = await api.get_pod(namespace, "after-renewal")
+                return (pod or {}).get("status", {}).get("phase") == "Succeeded"
+
+            await wait_for(renewed_pod_succeeded, timeout=90, what="a pod after the renewal")
+            assert await ready()
+            await core.delete_namespaced_pod("after-renewal", namespace)
 
         await core.delete_namespaced_pod("chart-pod", namespace)
 

@@ -46,6 +46,7 @@ class FakeSigner:
         self.ca = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
         self.csrs: dict[str, dict[str, Any]] = {}
         self.outcome = "sign"  # sign | deny | ignore | error
+        self.backdate = timedelta(0)  # kube-controller-manager's signer backdates 5 minutes
         self.connections: list[tuple[Path, Path]] = []
 
     async def create_csr(self, csr: dict[str, Any]) -> dict[str, Any]:
@@ -70,7 +71,7 @@ class FakeSigner:
             .issuer_name(self.ca)
             .public_key(request.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now)
+            .not_valid_before(now - self.backdate)
             .not_valid_after(now + timedelta(seconds=spec["expirationSeconds"]))
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)
             .sign(self.key, hashes.SHA256())
@@ -118,6 +119,7 @@ async def test_a_request_is_a_kubelet_client_csr_and_the_key_stays_private(
         directory=tmp_path,
         expiration_seconds=3600,
         approval_seconds=30,
+        now=_now,
     )
     (csr,) = signer.csrs.values()
     spec = csr["spec"]
@@ -172,6 +174,7 @@ async def _identity(tmp_path: Path, signer: FakeSigner, *, fraction: float) -> N
         directory=tmp_path,
         expiration_seconds=1000,
         approval_seconds=30,
+        now=_now,
     )
     client = FakeNodeClient(signer.with_client_certificate(first.cert_file, first.key_file))
     return NodeIdentity(
@@ -225,3 +228,42 @@ async def test_a_failed_renewal_is_retried_and_is_fatal_only_once_expired(
     signer.outcome = "error"
     with pytest.raises(NodeIdentityError, match="expired"):
         await asyncio.wait_for(renewing, timeout=5000)
+
+
+async def test_a_backdated_short_certificate_is_renewed_at_its_fraction_not_in_a_loop(
+    tmp_path: Path,
+) -> None:
+    """The cluster's signer backdates NotBefore by five minutes: a 600 s certificate renewed at
+    a tenth must wait a minute, not renew at once and for ever."""
+    signer = FakeSigner()
+    signer.backdate = timedelta(minutes=5)
+    first = await request_certificate(
+        signer,  # type: ignore[arg-type]
+        node_name="vk-gpu",
+        directory=tmp_path,
+        expiration_seconds=600,
+        approval_seconds=30,
+        now=_now,
+    )
+    client = FakeNodeClient(signer.with_client_certificate(first.cert_file, first.key_file))
+    identity = NodeIdentity(
+        signer,  # type: ignore[arg-type]
+        client,  # type: ignore[arg-type]
+        first,
+        node_name="vk-gpu",
+        directory=tmp_path,
+        expiration_seconds=600,
+        renew_fraction=0.1,
+        approval_seconds=30,
+        now=_now,
+    )
+    renewing = asyncio.create_task(identity.renew_forever())
+    await asyncio.sleep(59)
+    assert client.rebinds == []
+    await asyncio.sleep(2)
+    assert len(client.rebinds) == 1
+    await asyncio.sleep(58)
+    assert len(client.rebinds) == 1  # the next one a minute later again
+    renewing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await renewing

@@ -15,10 +15,13 @@ Kubelet TLS bootstrap, done by the agent with its starting ("bootstrap") credent
    ``status.certificate`` is set, a Denied/Failed condition appears, or the time is up;
 5. a second API connection that authenticates with that certificate alone.
 
-``NodeIdentity.renew_forever`` renews at ``renew_fraction`` of the certificate's actual
-lifetime (the signer may shorten the requested one) with the same steps and rebinds the node
-client to the new certificate; a failed renewal is retried with back-off while the old
-certificate is still valid, and the loop fails (stopping the agent) only once it has expired.
+``NodeIdentity.renew_forever`` renews at ``renew_fraction`` of the time from receiving the
+certificate to its expiry (not from its NotBefore: kube-controller-manager's signer backdates
+that by five minutes, which would put the renewal of a short certificate in the past and
+renew it in a loop; the signer may also shorten the requested lifetime) with the same steps,
+and rebinds the node client to the new certificate; a failed renewal is retried with back-off
+while the old certificate is still valid, and the loop fails (stopping the agent) only once it
+has expired.
 
 Invariants: the private key never leaves the state directory (written 0600, atomically by
 rename); the node client carries no token of the bootstrap credentials; connections made with
@@ -66,15 +69,17 @@ def node_user(node_name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class NodeCertificate:
-    """Files of a signed node client certificate and its validity."""
+    """Files of a signed node client certificate, its validity and when it was received."""
 
     cert_file: Path
     key_file: Path
     not_before: datetime
     not_after: datetime
+    received: datetime
 
     def renew_at(self, fraction: float) -> datetime:
-        return self.not_before + (self.not_after - self.not_before) * fraction
+        start = max(self.not_before, self.received)
+        return start + (self.not_after - start) * fraction
 
 
 def _key_and_request(node_name: str) -> tuple[bytes, bytes]:
@@ -128,6 +133,7 @@ async def request_certificate(
     directory: Path,
     expiration_seconds: int,
     approval_seconds: float,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> NodeCertificate:
     """Steps 1-4 of the module docstring; the files are replaced only once a certificate is
     signed, so a failed request leaves the previous certificate in use."""
@@ -181,6 +187,7 @@ async def request_certificate(
         key_file=key_file,
         not_before=parsed.not_valid_before_utc,
         not_after=parsed.not_valid_after_utc,
+        received=now(),
     )
 
 
@@ -256,6 +263,7 @@ class NodeIdentity:
                         directory=self._directory,
                         expiration_seconds=self._expiration,
                         approval_seconds=self._approval_seconds,
+                        now=self._now,
                     )
                 except (ApiError, NodeIdentityError) as exc:
                     left = self._seconds_until(self.certificate.not_after)

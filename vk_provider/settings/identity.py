@@ -42,7 +42,8 @@ class IdentityConfig(Strict):
         0.7,
         ge=0.1,
         le=0.9,
-        description="Renew once this fraction of the certificate's actual lifetime has passed.",
+        description="Renew once this fraction of the time from receiving the certificate to "
+        "its expiry has passed.",
     )
     approval_timeout_seconds: float = Field(
         120,
