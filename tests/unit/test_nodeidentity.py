@@ -95,9 +95,15 @@ class FakeConnection:
         self.closed = True
 
 
+def signer_connections(client: FakeNodeClient) -> list[FakeConnection]:
+    """The connections the client was bound to before its current one, oldest first."""
+    return [client.initial, *client.rebinds[:-1]]
+
+
 class FakeNodeClient:
     def __init__(self, connection: FakeConnection) -> None:
         self.connection = connection
+        self.initial = connection
         self.rebinds: list[FakeConnection] = []
 
     def rebind(self, connection: FakeConnection) -> FakeConnection:
@@ -210,6 +216,11 @@ async def test_the_certificate_is_renewed_at_its_fraction_and_the_client_rebound
     with pytest.raises(asyncio.CancelledError):
         await renewing
     assert len(signer.csrs) == 3
+    first_connection, second_connection = (c for c in signer_connections(client))
+    assert first_connection.closed  # retired 180 s after its replacement
+    assert not second_connection.closed  # replaced a moment ago: calls may still be under way
+    await identity.close()
+    assert second_connection.closed and client.connection.closed  # nothing left open
 
 
 async def test_a_failed_renewal_is_retried_and_is_fatal_only_once_expired(

@@ -216,6 +216,8 @@ class NodeIdentity:
         self._fraction = renew_fraction
         self._approval_seconds = approval_seconds
         self._now = now
+        # Connections of replaced certificates, closed once calls under way on them ended.
+        self._retired: set[ApiClient] = set()
 
     @classmethod
     async def obtain(
@@ -252,7 +254,7 @@ class NodeIdentity:
 
     async def renew_forever(self) -> None:
         """Renew before expiry, for ever (a supervised root task)."""
-        retired: list[asyncio.Task[None]] = []
+        closing: set[asyncio.Task[None]] = set()
         try:
             while True:
                 await asyncio.sleep(self._seconds_until(self.certificate.renew_at(self._fraction)))
@@ -277,15 +279,22 @@ class NodeIdentity:
                 api = self._bootstrap.with_client_certificate(fresh.cert_file, fresh.key_file)
                 previous = self.client.rebind(api)
                 self.certificate = fresh
-                retired.append(asyncio.create_task(_close_later(previous)))
+                self._retired.add(previous)
+                task = asyncio.create_task(self._close_later(previous))
+                closing.add(task)
+                task.add_done_callback(closing.discard)
         finally:
-            for task in retired:
+            for task in closing:
                 task.cancel()
 
+    async def _close_later(self, api: ApiClient) -> None:
+        await asyncio.sleep(_RETIRE_AFTER_SECONDS)
+        self._retired.discard(api)
+        await api.close()
+
     async def close(self) -> None:
+        """Close the node client and every replaced connection not closed yet."""
+        for api in list(self._retired):
+            self._retired.discard(api)
+            await api.close()
         await self.client.close()
-
-
-async def _close_later(api: ApiClient) -> None:
-    await asyncio.sleep(_RETIRE_AFTER_SECONDS)
-    await api.close()
