@@ -1,9 +1,10 @@
 """The node identity's certificate life: request, approval outcomes, renewal, expiry.
 
 A fake bootstrap client stands for the API server's CSR API and kube-controller-manager's
-approver and signer (a CA made here signs exactly the lifetime asked for); simulated loop
-time (looptime) runs hours of renewals instantly. The real path, against the real control
-plane, is tests/integration/test_chart.py and test_node_identity.py.
+approver and signer (a CA made here signs the lifetime asked for, backdated when told);
+simulated loop time (looptime) runs hours of renewals instantly. The real path, against the
+real control plane (request, auto-approval, a renewal, the 403s), is
+tests/integration/test_chart.py.
 """
 
 from __future__ import annotations
