@@ -61,6 +61,8 @@ class AgentProcess:
     process: subprocess.Popen[bytes] | None = None
     provider_dirs: dict[str, Path] = field(default_factory=dict)
     provider_entries: list[dict[str, Any]] = field(default_factory=list)
+    # Extra environment (a Deployment's env, resolved as a kubelet would).
+    env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
         log = self.log_path.open("ab")
@@ -81,7 +83,7 @@ class AgentProcess:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
         )
         log.close()
 

@@ -108,6 +108,21 @@ KUBE = {"type": "kubernetes", "name": "k8s", "kubeconfig": "file:/etc/kc"}
             "unknown provider type 'vast'",
         ),
         ({"providers": [{"name": "v"}]}, "providers[0].type", "is required"),
+        (
+            {"providers": [RUNPOD], "identity": {"mode": "root"}},
+            "identity.mode",
+            "'serviceAccount' or 'node'",
+        ),
+        (
+            {"providers": [RUNPOD], "identity": {"certificate_seconds": 60}},
+            "identity.certificate_seconds",
+            "600",
+        ),
+        (
+            {"providers": [RUNPOD], "identity": {"renew_fraction": 1}},
+            "identity.renew_fraction",
+            "0.9",
+        ),
     ],
 )
 def test_each_mistake_names_its_field(config: dict[str, Any], field: str, why: str) -> None:

@@ -32,6 +32,7 @@ from vk_provider.cluster.cluster import LocalCluster
 from vk_provider.cluster.errors import ClusterError
 from vk_provider.cluster.flags import requested_flags
 from vk_provider.cluster.flip.tools import FlipTools, ensure_flip_tools
+from vk_provider.cluster.helm import ensure_helm
 from vk_provider.cluster.metrics_server import ensure_metrics_server
 from vk_provider.runtime.registry import Registry
 from vk_provider.settings.schema import SCHEMA_HINT
@@ -126,6 +127,11 @@ def cluster_binaries(
         "--metrics-server",
         help="Also build metrics-server (kubectl top against a local cluster).",
     ),
+    helm: bool = typer.Option(
+        False,
+        "--helm",
+        help="Also build Helm (the chart's tests: lint, template, install).",
+    ),
 ) -> None:
     """Find or build the control-plane binaries (pinned version) and print where they are."""
     try:
@@ -139,6 +145,11 @@ def cluster_binaries(
             if metrics_server
             else None
         )
+        helm_binary = (
+            _with_progress("looking for helm", lambda progress: ensure_helm(progress=progress))
+            if helm
+            else None
+        )
     except ClusterError as exc:
         raise _fail(str(exc)) from exc
     out.print(binaries.kube_apiserver.parent)
@@ -146,6 +157,8 @@ def cluster_binaries(
         out.print(f"{name}: {path}", highlight=False)
     if metrics is not None:
         out.print(f"metrics-server: {metrics}", highlight=False)
+    if helm_binary is not None:
+        out.print(f"helm: {helm_binary}", highlight=False)
 
 
 @cluster_app.command("up")

@@ -61,8 +61,14 @@ class NodeController:
         responsive: Callable[[float], set[str]] | None = None,
         held: Callable[[], tuple[float, float, float]] = lambda: (0.0, 0.0, 0.0),
         flip_taint: JSON | None = None,
+        node_admin: KubeClient | None = None,
     ) -> None:
         self._held = held
+        # The node object's metadata and spec (create, labels, taints) go through node_admin:
+        # with a node identity NodeRestriction forbids a node to change its own taints and
+        # kubernetes.io labels, so those stay with the bootstrap credentials. Status and Lease
+        # are the node's own (kube).
+        self._admin = node_admin or kube
         # With the overflow flip on, its taint is the flip's: set (closed) only on a node that
         # has none with its key, never re-asserted here (controllers.overflow owns it).
         self._flip_taint = flip_taint
@@ -101,18 +107,18 @@ class NodeController:
         return taints
 
     async def register(self) -> None:
-        existing = await self._kube.get_node(self.name)
+        existing = await self._admin.get_node(self.name)
         if existing is None:
             try:
-                existing = await self._kube.create_node(
+                existing = await self._admin.create_node(
                     build_node(self._config.name, self._config.labels, self._taints([]))
                 )
                 log.info("registered node %s", self.name)
             except ConflictError:
-                existing = await self._kube.get_node(self.name)
+                existing = await self._admin.get_node(self.name)
         if existing is not None:
             current = (existing.get("spec") or {}).get("taints") or []
-            existing = await self._kube.patch_node(
+            existing = await self._admin.patch_node(
                 self.name,
                 {
                     "metadata": {"labels": node_labels(self.name, self._config.labels)},
@@ -132,7 +138,7 @@ class NodeController:
         labels = ((previous or {}).get("metadata") or {}).get("labels") or {}
         patch = gpu_label_patch(labels, gpu_labels(self._offers.cached()))
         if previous is not None and patch:
-            await self._kube.patch_node(self.name, {"metadata": {"labels": patch}})
+            await self._admin.patch_node(self.name, {"metadata": {"labels": patch}})
         status = node_status(
             resources=resources,
             ready=answering,

@@ -112,8 +112,12 @@ class OverflowController:
         observer: OverflowObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        node_admin: KubeClient | None = None,
     ) -> None:
         self._kube = kube
+        # The taint is the node object's spec: with a node identity NodeRestriction forbids
+        # the node to change it, so it is read and written with the bootstrap credentials.
+        self._admin = node_admin or kube
         self._node = node_name
         self._signal = signal
         self._policy = policy
@@ -174,7 +178,7 @@ class OverflowController:
             await asyncio.sleep(self._interval)
 
     async def tick(self) -> None:
-        node = await self._kube.get_node(self._node)
+        node = await self._admin.get_node(self._node)
         if node is None:
             return  # not registered yet
         taints: list[dict[str, Any]] = (node.get("spec") or {}).get("taints") or []
@@ -219,13 +223,13 @@ class OverflowController:
                 return
             version = (node.get("metadata") or {}).get("resourceVersion")
             try:
-                await self._kube.patch_node(
+                await self._admin.patch_node(
                     self._node,
                     {"metadata": {"resourceVersion": version}, "spec": {"taints": wanted}},
                 )
                 return
             except ConflictError:
-                fresh = await self._kube.get_node(self._node)
+                fresh = await self._admin.get_node(self._node)
                 if fresh is None:
                     return
                 node, taints = fresh, (fresh.get("spec") or {}).get("taints") or []

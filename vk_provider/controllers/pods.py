@@ -95,6 +95,7 @@ class PodController:
         observer: ControllerObserver = NO_OBSERVER,
         queue_observer: QueueObserver = UNOBSERVED,
         now: Callable[[], datetime] = _wall_clock,
+        label_pods: bool = True,
     ) -> None:
         self._providers = dict(providers)
         self._offers = offers
@@ -112,7 +113,13 @@ class PodController:
         self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
         self._memory: dict[PodKey, PodMemory] = {}
         self._write = PodWriter(
-            kube, store=store, recorder=recorder, host_ip=host_ip, now=now, observer=observer
+            kube,
+            store=store,
+            recorder=recorder,
+            host_ip=host_ip,
+            now=now,
+            observer=observer,
+            label_pods=label_pods,
         )
         # Probes the agent runs (providers whose containers it can reach); a verdict that
         # changes re-syncs the pod, whose status then shows it.

@@ -46,8 +46,12 @@ class PodWriter:
         host_ip: str,
         now: Callable[[], datetime],
         observer: ControllerObserver = NO_OBSERVER,
+        label_pods: bool = True,
     ) -> None:
         self._kube = kube
+        # With a node identity NodeRestriction refuses labels written through pod status:
+        # then the provider is only the annotation of the same name.
+        self._label_pods = label_pods
         self._store = store
         self._events = recorder
         self._host_ip = host_ip
@@ -124,11 +128,10 @@ class PodWriter:
         }
         if explanation:
             annotations[ANN_PLACEMENT] = explanation
-        self._staged[pod.uid] = {
-            "uid": pod.uid,
-            "annotations": annotations,
-            "labels": {LABEL_PROVIDER: instance.provider},
-        }
+        staged: dict[str, object] = {"uid": pod.uid, "annotations": annotations}
+        if self._label_pods:
+            staged["labels"] = {LABEL_PROVIDER: instance.provider}
+        self._staged[pod.uid] = staged
 
     async def delete(self, pod: PodView) -> None:
         """Delete the pod now (grace 0), only if it is still the one with this UID."""

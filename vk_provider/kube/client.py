@@ -92,6 +92,9 @@ class KubeClient:
     """Typed, dict-in dict-out access to the few API calls the agent makes."""
 
     def __init__(self, api: ApiClient) -> None:
+        self._bind(api)
+
+    def _bind(self, api: ApiClient) -> None:
         self._api = api
         # Typed as Any on purpose: we send and receive raw JSON (dict bodies, forced content
         # types, unparsed responses), which the generated signatures do not describe.
@@ -99,6 +102,27 @@ class KubeClient:
         self.coordination: Any = client.CoordinationV1Api(api)
         self.authentication: Any = client.AuthenticationV1Api(api)
         self.authorization: Any = client.AuthorizationV1Api(api)
+        self.certificates: Any = client.CertificatesV1Api(api)
+
+    def with_client_certificate(self, cert_file: Path, key_file: Path) -> ApiClient:
+        """A new API connection to the same server (same CA) that authenticates with this
+        client certificate only: none of this client's tokens or other credentials."""
+        current = self._api.configuration
+        fresh = client.Configuration()
+        fresh.host = current.host
+        fresh.ssl_ca_cert = current.ssl_ca_cert
+        fresh.verify_ssl = current.verify_ssl
+        fresh.tls_server_name = getattr(current, "tls_server_name", None)
+        fresh.cert_file = str(cert_file)
+        fresh.key_file = str(key_file)
+        return ApiClient(configuration=fresh)
+
+    def rebind(self, api: ApiClient) -> ApiClient:
+        """Send new calls through ``api`` (a renewed certificate); the previous connection is
+        returned for the caller to close once calls already under way on it have ended."""
+        previous = self._api
+        self._bind(api)
+        return previous
 
     @classmethod
     async def connect(cls, kubeconfig: Path | None = None) -> KubeClient:
@@ -362,6 +386,25 @@ class KubeClient:
                 _request_timeout=_TIMEOUT,
             )
         )
+
+    # ------------------------------------------------------------------ certificates
+
+    async def create_csr(self, csr: Mapping[str, Any]) -> JSON:
+        return await _json(
+            self.certificates.create_certificate_signing_request(
+                dict(csr), _preload_content=False, _request_timeout=_TIMEOUT
+            )
+        )
+
+    async def get_csr(self, name: str) -> JSON | None:
+        try:
+            return await _json(
+                self.certificates.read_certificate_signing_request(
+                    name, _preload_content=False, _request_timeout=_TIMEOUT
+                )
+            )
+        except NotFoundError:
+            return None
 
     # ------------------------------------------------------------------ authn / authz
 

@@ -51,6 +51,7 @@ from vk_provider.domain.podview import PodKey
 from vk_provider.domain.reconcile import TerminationPolicy
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
+from vk_provider.kube.nodeidentity import NodeIdentity
 from vk_provider.runtime.preflight import checked_providers, close_all, start_providers
 from vk_provider.runtime.registry import Registry
 from vk_provider.runtime.supervisor import SHUTDOWN_SECONDS, supervise
@@ -106,6 +107,8 @@ class Agent:
     view: AgentView
     rest_api: RestServer
     overflow: OverflowController | None = None
+    # identity: node — the certificate behind ``kube``, renewed by a root task of its own.
+    identity: NodeIdentity | None = None
 
     @classmethod
     async def create(
@@ -115,8 +118,13 @@ class Agent:
         *,
         providers: Mapping[str, Provider],
         state_dir: Path,
+        node_admin: KubeClient | None = None,
     ) -> Agent:
-        """Wire the parts around ``providers`` (built by ``preflight.build_providers``)."""
+        """Wire the parts around ``providers`` (built by ``preflight.build_providers``).
+
+        ``kube`` makes every call a kubelet makes; ``node_admin`` (default ``kube``) writes
+        the node object's metadata and spec, which a node identity may not (identity: node).
+        """
         state = state_dir
         intervals = config.intervals
         metrics = Metrics()
@@ -164,6 +172,7 @@ class Agent:
             workers=config.workers,
             observer=metrics,
             queue_observer=metrics.work_queue("pods"),
+            label_pods=not config.identity.node,
         )
         in_cluster_ca = IN_CLUSTER_CA if IN_CLUSTER_CA.exists() else None  # noqa: ASYNC240 - once
         token_reviews = TokenReviewAuthenticator(kube)
@@ -232,10 +241,12 @@ class Agent:
             },
             held=pods.held_resources,
             flip_taint=flip_taint(config),
+            node_admin=node_admin,
         )
         overflow = overflow_controller(
             config,
             kube,
+            node_admin=node_admin,
             events=EventRecorder(kube, node_name=config.node.name),
             pods=pods,
             observer=metrics,
@@ -318,6 +329,8 @@ class Agent:
             }
             if self.overflow is not None:
                 roots["overflow"] = self.overflow.run
+            if self.identity is not None:
+                roots["node-certificate"] = self.identity.renew_forever
             await supervise(
                 roots,
                 stop,
@@ -359,6 +372,7 @@ def overflow_controller(
     events: EventRecorder,
     pods: PodController,
     observer: Metrics,
+    node_admin: KubeClient | None = None,
 ) -> OverflowController | None:
     flip = config.overflow
     if not flip.enabled:
@@ -382,6 +396,7 @@ def overflow_controller(
         events=events,
         gpu_requests=pods.gpu_requests,
         observer=observer,
+        node_admin=node_admin,
     )
 
 
@@ -409,8 +424,36 @@ async def run_agent(
     except BaseException:
         await close_all(providers)
         raise
+    identity: NodeIdentity | None = None
     try:
-        agent = await Agent.create(config, kube, providers=providers, state_dir=state)
+        if config.identity.node:
+            identity = await node_identity(config, kube, state_dir=state)
+        agent = await Agent.create(
+            config,
+            identity.client if identity else kube,
+            providers=providers,
+            state_dir=state,
+            node_admin=kube,
+        )
+        agent.identity = identity
         await agent.run(stop)
     finally:
+        if identity is not None:
+            await identity.close()
         await kube.close()
+
+
+async def node_identity(
+    config: AgentConfig, bootstrap: KubeClient, *, state_dir: Path
+) -> NodeIdentity:
+    """identity: node — the node's client certificate, requested with ``bootstrap``."""
+    settings = config.identity
+    log.info("identity: node; requesting a client certificate for system:node:%s", config.node.name)
+    return await NodeIdentity.obtain(
+        bootstrap,
+        node_name=config.node.name,
+        directory=state_dir / "node-identity",
+        expiration_seconds=settings.certificate_seconds,
+        renew_fraction=settings.renew_fraction,
+        approval_seconds=settings.approval_timeout_seconds,
+    )

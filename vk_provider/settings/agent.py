@@ -22,6 +22,7 @@ from pydantic import Field, SerializeAsAny, ValidationError, field_validator, mo
 from vk_provider.domain.budget import BudgetCaps
 from vk_provider.domain.node import NodeCaps
 from vk_provider.domain.placement import PlacementPolicy
+from vk_provider.settings.identity import IdentityConfig
 from vk_provider.settings.overflow import OverflowConfig
 from vk_provider.settings.providers import ProviderSettings
 from vk_provider.settings.secrets import ConfigError, SecretRef, Strict
@@ -248,6 +249,10 @@ class PlacementConfig(Strict):
 
 class AgentConfig(Strict):
     node: NodeConfig = Field(default_factory=NodeConfig, description="The virtual node.")
+    identity: IdentityConfig = Field(
+        default_factory=IdentityConfig,
+        description="The agent's Kubernetes identity: its ServiceAccount, or a node's.",
+    )
     providers: list[SerializeAsAny[ProviderSettings]] = Field(
         description="Provider adapters, at least one; each entry is validated by the settings "
         "model of its `type` (see the provider registry)."

@@ -1,0 +1,454 @@
+"""The Helm chart (deploy/chart/vk-provider) on the real control plane.
+
+`helm lint`; `helm template` accepted by the API server's own validation (server-side dry
+run, both identities); a real `helm install`, after which the agent process runs with exactly
+what the chart created: the config.yaml of its ConfigMap, the environment of its Deployment
+(credentials resolved from their Secrets as a kubelet resolves them) and a token of its
+ServiceAccount (TokenRequest). No container runtime exists here, so the chart's own pod never
+starts (nothing binds it: no node but the tests' virtual ones, whose taint it does not
+tolerate); the agent runs beside the cluster as that pod would. With identity: node, the agent
+also proves the Node authorizer's confinement: its certificate reads the Secret its pod
+references and is refused (403) any other.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.api_client import ApiClient
+
+from tests.helpers import wait_for
+from tests.integration.agent_harness import (
+    DEFAULT_OFFERS,
+    AgentHarness,
+    AgentProcess,
+    pod_on,
+)
+from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.cluster.helm import HELM, ensure_helm
+from vk_provider.kube.client import KubeClient
+
+pytestmark = pytest.mark.integration
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "vk-provider"
+KUBECTL = str(Path(sys.executable).parent / "kubectl")
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    """The cached helm (scripts/test builds it first with `cluster binaries --helm`)."""
+    return ensure_helm()
+
+
+def _run(
+    command: list[str], *, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _helm(helm: Path, kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return _run([str(helm), "--kubeconfig", str(kubeconfig), *args])
+
+
+def _kubectl(
+    kubeconfig: Path, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return _run([KUBECTL, "--kubeconfig", str(kubeconfig), *args], stdin=stdin)
+
+
+def _values_file(tmp_path: Path, values: dict[str, Any]) -> Path:
+    path = tmp_path / f"values-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def test_helm_lint_passes_for_both_identities(helm: Path, tmp_path: Path) -> None:
+    version = _run([str(helm), "version", "--short"])
+    assert version.stdout.strip().startswith(HELM.version), version.stdout  # stamped
+    for identity in ("serviceAccount", "node"):
+        values = _values_file(
+            tmp_path,
+            {
+                "identity": identity,
+                "serviceMonitor": {"enabled": True},
+                "deschedulerPolicy": {"enabled": True},
+            },
+        )
+        linted = _run([str(helm), "lint", "--strict", str(CHART), "-f", str(values)])
+        assert linted.returncode == 0, linted.stdout + linted.stderr
+        assert "0 chart(s) failed" in linted.stdout
+
+
+def test_bad_values_fail_the_render_naming_the_value(helm: Path, tmp_path: Path) -> None:
+    for values, field in (
+        ({"identity": "root"}, "identity:"),
+        ({"replicas": 2}, "replicas:"),
+        ({"credentials": [{"env": "X", "secretName": "s"}]}, "credentials[0]:"),
+    ):
+        rendered = _run(
+            [str(helm), "template", "r", str(CHART), "-f", str(_values_file(tmp_path, values))]
+        )
+        assert rendered.returncode != 0
+        assert field in rendered.stderr, rendered.stderr
+
+
+def test_the_service_account_roles_are_deploy_rbac_yaml_s(helm: Path) -> None:
+    """The chart and the raw manifests grant the same rights (one tested set of rules)."""
+    rendered = _run([str(helm), "template", "r", str(CHART)])
+    assert rendered.returncode == 0, rendered.stderr
+    ours = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered.stdout) if d}
+    raw = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in yaml.safe_load_all((CHART.parents[1] / "rbac.yaml").read_text())
+        if d
+    }
+    for kind, chart_name, raw_name in (
+        ("ClusterRole", "r-vk-provider", "vk-provider"),
+        ("Role", "r-vk-provider-lease", "vk-provider-lease"),
+        ("ClusterRole", "r-vk-provider-viewer", "vk-provider-viewer"),
+    ):
+        assert ours[(kind, chart_name)]["rules"] == raw[(kind, raw_name)]["rules"], chart_name
+
+
+def test_template_passes_a_server_side_dry_run(
+    helm: Path, control_plane: LocalCluster, namespace: str, tmp_path: Path
+) -> None:
+    """The API server validates every object against its OpenAPI schema (fields, types,
+    RBAC roles it would grant) without storing anything."""
+    for identity in ("serviceAccount", "node"):
+        values = _values_file(
+            tmp_path,
+            {
+                "identity": identity,
+                "nodeName": f"vk-dry-{identity.lower()}",
+                "deschedulerPolicy": {"enabled": True},
+                "credentials": [{"env": "RUNPOD_API_KEY", "secretName": "runpod", "key": "k"}],
+                "config": {"providers": [{"type": "local", "name": "l", "offers": []}]},
+            },
+        )
+        rendered = _helm(
+            helm,
+            control_plane.kubeconfig,
+            "template",
+            "dry",
+            str(CHART),
+            "-n",
+            namespace,
+            "-f",
+            str(values),
+        )
+        assert rendered.returncode == 0, rendered.stderr
+        kinds = {d["kind"] for d in yaml.safe_load_all(rendered.stdout) if d}
+        assert {"Deployment", "ConfigMap", "ServiceAccount", "ClusterRole"} <= kinds
+        applied = _kubectl(
+            control_plane.kubeconfig,
+            "apply",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            "-",
+            stdin=rendered.stdout,
+        )
+        assert applied.returncode == 0, applied.stderr
+        assert "(server dry run)" in applied.stdout
+
+
+async def _service_account_kubeconfig(
+    core: client.CoreV1Api, control_plane: LocalCluster, namespace: str, name: str, path: Path
+) -> Path:
+    request = {"spec": {"audiences": [], "expirationSeconds": 3600}}
+    token = (
+        await core.create_namespaced_service_account_token(name, namespace, request)
+    ).status.token
+    admin: dict[str, Any] = yaml.safe_load(control_plane.kubeconfig.read_text())
+    admin["users"] = [{"name": name, "user": {"token": token}}]
+    admin["contexts"][0]["context"]["user"] = name
+    path.write_text(yaml.safe_dump(admin))
+    return path
+
+
+async def _deployment_env(
+    core: client.CoreV1Api, namespace: str, deployment: dict[str, Any]
+) -> dict[str, str]:
+    """The agent container's env as a kubelet resolves it (secretKeyRef read from the Secret)."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env: dict[str, str] = {}
+    for entry in container.get("env") or []:
+        ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
+        if ref:
+            secret = await core.read_namespaced_secret(ref["name"], namespace)
+            env[entry["name"]] = base64.b64decode(secret.data[ref["key"]]).decode()
+        elif "value" in entry:
+            env[entry["name"]] = entry["value"]
+    return env
+
+
+def _api_server(control_plane: LocalCluster) -> str:
+    kubeconfig = yaml.safe_load(control_plane.kubeconfig.read_text())
+    return str(kubeconfig["clusters"][0]["cluster"]["server"])
+
+
+def _as_node(agent: AgentProcess, control_plane: LocalCluster) -> httpx.AsyncClient:
+    """A client that is exactly the agent's node identity (its certificate and key)."""
+    directory = agent.state_dir / "node-identity"
+    context = ssl.create_default_context(cafile=str(control_plane.pki.ca.cert))
+    context.load_cert_chain(directory / "node-client.crt", directory / "node-client.key")
+    return httpx.AsyncClient(base_url=_api_server(control_plane), verify=context, timeout=30)
+
+
+def _as_token(token: str, control_plane: LocalCluster) -> httpx.AsyncClient:
+    context = ssl.create_default_context(cafile=str(control_plane.pki.ca.cert))
+    return httpx.AsyncClient(
+        base_url=_api_server(control_plane),
+        verify=context,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize("identity", ["serviceAccount", "node"])
+async def test_install_then_the_agent_runs_with_what_the_chart_created(
+    identity: str,
+    helm: Path,
+    control_plane: LocalCluster,
+    kube: ApiClient,
+    api: KubeClient,
+    agents: AgentHarness,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    core = client.CoreV1Api(kube)
+    node_name = f"vk-{uuid.uuid4().hex[:8]}"
+    release = f"r{uuid.uuid4().hex[:6]}"
+    secret_value = f"s3cret-{uuid.uuid4().hex[:6]}"
+    for name, data in (
+        ("vk-credentials", {"rest-token": "chart-rest-token"}),
+        ("pod-secret", {"value": secret_value}),
+        ("unrelated", {"value": "not yours"}),
+    ):
+        await core.create_namespaced_secret(
+            namespace, client.V1Secret(metadata=client.V1ObjectMeta(name=name), string_data=data)
+        )
+    instances = tmp_path / "instances" / "local-a"
+    values = {
+        "identity": identity,
+        "nodeName": node_name,
+        "deschedulerPolicy": {"enabled": True},
+        "credentials": [
+            {"env": "VK_REST_TOKEN", "secretName": "vk-credentials", "key": "rest-token"}
+        ],
+        "config": {
+            "node": {"address": "127.0.0.1"},
+            "kubelet_api": {
+                "listen": "127.0.0.1:0",
+                "client_ca_file": str(control_plane.pki.ca.cert),
+            },
+            "rest": {"listen": "127.0.0.1:0", "static_token": "env:VK_REST_TOKEN"},
+            "intervals": {"lease_seconds": 2, "node_status_seconds": 5, "pod_status_seconds": 0.5},
+            # The shortest lifetime a CSR may ask (600 s), renewed at a tenth: within a minute.
+            "identity": {"certificate_seconds": 600, "renew_fraction": 0.1},
+            "providers": [
+                {
+                    "type": "local",
+                    "name": "local-a",
+                    "enabled": True,
+                    "state_dir": str(instances),
+                    "offers": DEFAULT_OFFERS,
+                }
+            ],
+        },
+    }
+    installed = _helm(
+        helm,
+        control_plane.kubeconfig,
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "-f",
+        str(_values_file(tmp_path, values)),
+    )
+    assert installed.returncode == 0, installed.stderr
+    assert "What to run next" in installed.stdout  # NOTES.txt
+    agent: AgentProcess | None = None
+    try:
+        fullname = f"{release}-vk-provider"
+        apps = client.AppsV1Api(kube)
+        deployment = kube.sanitize_for_serialization(
+            await apps.read_namespaced_deployment(fullname, namespace)
+        )
+        pod_spec = deployment["spec"]["template"]["spec"]
+        assert pod_spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+        dashboards = await core.list_namespaced_config_map(
+            namespace, label_selector="grafana_dashboard=1"
+        )
+        assert [json.loads(c.data["vk-provider.json"])["title"] for c in dashboards.items]
+        policy = await core.read_namespaced_config_map(f"{fullname}-descheduler-policy", namespace)
+        assert "RemovePodsViolatingNodeTaints" in policy.data["policy.yaml"]
+
+        config_map = await core.read_namespaced_config_map(fullname, namespace)
+        config_path = tmp_path / "config.yaml"
+        config_path.write_text(config_map.data["config.yaml"])
+        kubeconfig = await _service_account_kubeconfig(
+            core,
+            control_plane,
+            namespace,
+            pod_spec["serviceAccountName"],
+            tmp_path / "sa.kubeconfig",
+        )
+        agent = AgentProcess(
+            node=node_name,
+            config_path=config_path,
+            state_dir=tmp_path / "state",
+            log_path=tmp_path / "agent.log",
+            kubeconfig=kubeconfig,
+            provider_dirs={"local-a": instances},
+            env=await _deployment_env(core, namespace, deployment),
+        )
+        agents.agents.append(agent)  # stopped, its instances ended and its node deleted
+        agent.start()
+
+        async def ready() -> bool:
+            node = await api.get_node(node_name)
+            conditions = (node or {}).get("status", {}).get("conditions") or []
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+        await wait_for(
+            ready, timeout=90, what=f"node Ready ({identity}); log:\n{agent.log_text()[-2000:]}"
+        )
+
+        async def rest_url() -> str | None:
+            return agent.rest_url()
+
+        base = await wait_for(rest_url, timeout=30, what="the REST API to listen")
+        async with httpx.AsyncClient(base_url=base, timeout=10) as rest:
+            # The credential came from the Secret through the Deployment's env.
+            token = {"Authorization": "Bearer chart-rest-token"}
+            assert (await rest.get("/v1/providers", headers=token)).status_code == 200
+
+        command = [sys.executable, "-c", "import os; print(os.environ['FROM_SECRET'], flush=True)"]
+        env = [
+            {
+                "name": "FROM_SECRET",
+                "valueFrom": {"secretKeyRef": {"name": "pod-secret", "key": "value"}},
+            }
+        ]
+        await core.create_namespaced_pod(
+            namespace,
+            pod_on(
+                node_name,
+                "chart-pod",
+                command=command,
+                restart_policy="Never",
+                container={"env": env},
+            ),
+        )
+
+        async def succeeded() -> bool:
+            pod = await api.get_pod(namespace, "chart-pod")
+            return (pod or {}).get("status", {}).get("phase") == "Succeeded"
+
+        await wait_for(
+            succeeded, timeout=90, what=f"the pod to succeed; log:\n{agent.log_text()[-2000:]}"
+        )
+        logs = _kubectl(control_plane.kubeconfig, "logs", "-n", namespace, "chart-pod")
+        assert logs.stdout.strip() == secret_value, logs.stderr
+
+        if identity == "node":
+            certificate = x509.load_pem_x509_certificate(
+                (agent.state_dir / "node-identity" / "node-client.crt").read_bytes()
+            )
+            subject = certificate.subject
+            assert (
+                subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+                == f"system:node:{node_name}"
+            )
+            assert (
+                subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
+            )
+            secrets = f"/api/v1/namespaces/{namespace}/secrets"
+            async with _as_node(agent, control_plane) as as_node:
+                # Its pod references pod-secret: the Node authorizer lets the node read it...
+                assert (await as_node.get(f"{secrets}/pod-secret")).status_code == 200
+                # ...and no other Secret, nor the list of them.
+                refused = await as_node.get(f"{secrets}/unrelated")
+                assert refused.status_code == 403, refused.text
+                assert f"system:node:{node_name}" in refused.json()["message"]
+                assert (await as_node.get(secrets)).status_code == 403
+            pod = await api.get_pod(namespace, "chart-pod")
+            assert pod is not None
+            assert pod["metadata"]["annotations"]["vk-provider.io/provider"] == "local-a"
+            # The ServiceAccount, for its part, reads no Secret at all.
+            sa_token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+            async with _as_token(sa_token, control_plane) as as_sa:
+                assert (await as_sa.get(f"{secrets}/pod-secret")).status_code == 403
+
+            # Approved by the csrapproving controller (the nodeclient ClusterRole), not by us.
+            certificates = client.CertificatesV1Api(kube)
+            selector = f"vk-provider.io/node={node_name}"
+            csrs = await certificates.list_certificate_signing_request(label_selector=selector)
+            assert csrs.items
+            for csr in csrs.items:
+                approved = [c for c in csr.status.conditions if c.type == "Approved"]
+                assert approved and approved[0].reason == "AutoApproved", csr.status.conditions
+
+            # Renewal: a new certificate before the old one expires, and the agent goes on
+            # working through it (a second pod runs with its Secret).
+            first_serial = certificate.serial_number
+            cert_file = agent.state_dir / "node-identity" / "node-client.crt"
+
+            async def renewed() -> bool:
+                fresh = x509.load_pem_x509_certificate(cert_file.read_bytes())
+                return fresh.serial_number != first_serial
+
+            await wait_for(renewed, timeout=150, interval=1, what="the node certificate renewed")
+            renewals = await certificates.list_certificate_signing_request(label_selector=selector)
+            assert len(renewals.items) >= 2
+            await core.create_namespaced_pod(
+                namespace,
+                pod_on(
+                    node_name,
+                    "after-renewal",
+                    command=command,
+                    restart_policy="Never",
+                    container={"env": env},
+                ),
+            )
+
+            async def renewed_pod_succeeded() -> bool:
+                pod = await api.get_pod(namespace, "after-renewal")
+                return (pod or {}).get("status", {}).get("phase") == "Succeeded"
+
+            await wait_for(renewed_pod_succeeded, timeout=90, what="a pod after the renewal")
+            assert await ready()
+            await core.delete_namespaced_pod("after-renewal", namespace)
+
+        await core.delete_namespaced_pod("chart-pod", namespace)
+
+        async def gone() -> bool:
+            return await api.get_pod(namespace, "chart-pod") is None
+
+        await wait_for(gone, timeout=30, what="the pod to be deleted")
+        assert "Forbidden" not in agent.log_text(), agent.log_text()[-3000:]
+    finally:
+        if agent is not None:
+            agent.stop()  # before its RBAC goes with the release
+        uninstalled = _helm(helm, control_plane.kubeconfig, "uninstall", release, "-n", namespace)
+        assert uninstalled.returncode == 0, uninstalled.stderr
+    roles = _kubectl(control_plane.kubeconfig, "get", "clusterrole", "-o", "name")
+    assert release not in roles.stdout  # cluster-scoped objects go with the release

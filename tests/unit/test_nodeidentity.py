@@ -1,0 +1,281 @@
+"""The node identity's certificate life: request, approval outcomes, renewal, expiry.
+
+A fake bootstrap client stands for the API server's CSR API and kube-controller-manager's
+approver and signer (a CA made here signs the lifetime asked for, backdated when told);
+simulated loop time (looptime) runs hours of renewals instantly. The real path, against the
+real control plane (request, auto-approval, a renewal, the 403s), is
+tests/integration/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import stat
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from vk_provider.kube.client import ApiError
+from vk_provider.kube.nodeidentity import (
+    SIGNER,
+    NodeIdentity,
+    NodeIdentityError,
+    request_certificate,
+)
+
+pytestmark = pytest.mark.looptime
+START = datetime(2026, 12, 1, tzinfo=UTC)
+
+
+def _now() -> datetime:
+    return START + timedelta(seconds=asyncio.get_running_loop().time())
+
+
+class FakeSigner:
+    """CSR create/get as the API server answers them; ``outcome`` decides each request's fate."""
+
+    def __init__(self) -> None:
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        self.ca = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
+        self.csrs: dict[str, dict[str, Any]] = {}
+        self.outcome = "sign"  # sign | deny | ignore | error
+        self.backdate = timedelta(0)  # kube-controller-manager's signer backdates 5 minutes
+        self.connections: list[tuple[Path, Path]] = []
+
+    async def create_csr(self, csr: dict[str, Any]) -> dict[str, Any]:
+        if self.outcome == "error":
+            raise ApiError(503, "API server unavailable")
+        stored = {**csr, "status": {}}
+        self.csrs[csr["metadata"]["name"]] = stored
+        if self.outcome == "deny":
+            stored["status"]["conditions"] = [
+                {"type": "Denied", "status": "True", "reason": "Test", "message": "no"}
+            ]
+        elif self.outcome == "sign":
+            stored["status"]["certificate"] = self._sign(csr["spec"])
+        return stored
+
+    def _sign(self, spec: dict[str, Any]) -> str:
+        request = x509.load_pem_x509_csr(base64.b64decode(spec["request"]))
+        now = _now()
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(request.subject)
+            .issuer_name(self.ca)
+            .public_key(request.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - self.backdate)
+            .not_valid_after(now + timedelta(seconds=spec["expirationSeconds"]))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), False)
+            .sign(self.key, hashes.SHA256())
+        )
+        return base64.b64encode(cert.public_bytes(Encoding.PEM)).decode()
+
+    async def get_csr(self, name: str) -> dict[str, Any] | None:
+        return self.csrs.get(name)
+
+    def with_client_certificate(self, cert_file: Path, key_file: Path) -> FakeConnection:
+        self.connections.append((cert_file, key_file))
+        return FakeConnection(cert_file.read_bytes())
+
+
+class FakeConnection:
+    def __init__(self, cert: bytes) -> None:
+        self.cert = cert
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def signer_connections(client: FakeNodeClient) -> list[FakeConnection]:
+    """The connections the client was bound to before its current one, oldest first."""
+    return [client.initial, *client.rebinds[:-1]]
+
+
+class FakeNodeClient:
+    def __init__(self, connection: FakeConnection) -> None:
+        self.connection = connection
+        self.initial = connection
+        self.rebinds: list[FakeConnection] = []
+
+    def rebind(self, connection: FakeConnection) -> FakeConnection:
+        previous, self.connection = self.connection, connection
+        self.rebinds.append(connection)
+        return previous
+
+    async def close(self) -> None:
+        await self.connection.close()
+
+
+async def test_a_request_is_a_kubelet_client_csr_and_the_key_stays_private(
+    tmp_path: Path,
+) -> None:
+    signer = FakeSigner()
+    certificate = await request_certificate(
+        signer,  # type: ignore[arg-type]
+        node_name="vk-gpu",
+        directory=tmp_path,
+        expiration_seconds=3600,
+        approval_seconds=30,
+        now=_now,
+    )
+    (csr,) = signer.csrs.values()
+    spec = csr["spec"]
+    assert spec["signerName"] == SIGNER == "kubernetes.io/kube-apiserver-client-kubelet"
+    assert spec["usages"] == ["digital signature", "client auth"]
+    assert spec["expirationSeconds"] == 3600
+    request = x509.load_pem_x509_csr(base64.b64decode(spec["request"]))
+    cn = request.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    org = request.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value
+    assert (cn, org) == ("system:node:vk-gpu", "system:nodes")
+    assert stat.S_IMODE(certificate.key_file.stat().st_mode) == 0o600
+    assert certificate.not_after - certificate.not_before == timedelta(hours=1)
+    assert certificate.renew_at(0.7) == certificate.not_before + timedelta(minutes=42)
+
+
+async def test_a_denied_request_fails_naming_the_condition(tmp_path: Path) -> None:
+    signer = FakeSigner()
+    signer.outcome = "deny"
+    with pytest.raises(NodeIdentityError, match="Denied: Test no"):
+        await request_certificate(
+            signer,  # type: ignore[arg-type]
+            node_name="vk-gpu",
+            directory=tmp_path,
+            expiration_seconds=3600,
+            approval_seconds=30,
+        )
+    assert not (tmp_path / "node-client.key").exists()
+
+
+async def test_a_request_nobody_approves_fails_after_the_wait_saying_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    signer = FakeSigner()
+    signer.outcome = "ignore"
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(NodeIdentityError, match="certificatesigningrequests:nodeclient"):
+        await request_certificate(
+            signer,  # type: ignore[arg-type]
+            node_name="vk-gpu",
+            directory=tmp_path,
+            expiration_seconds=3600,
+            approval_seconds=45,
+        )
+    assert 45 <= loop.time() - started <= 47
+
+
+async def _identity(tmp_path: Path, signer: FakeSigner, *, fraction: float) -> NodeIdentity:
+    first = await request_certificate(
+        signer,  # type: ignore[arg-type]
+        node_name="vk-gpu",
+        directory=tmp_path,
+        expiration_seconds=1000,
+        approval_seconds=30,
+        now=_now,
+    )
+    client = FakeNodeClient(signer.with_client_certificate(first.cert_file, first.key_file))
+    return NodeIdentity(
+        signer,  # type: ignore[arg-type]
+        client,  # type: ignore[arg-type]
+        first,
+        node_name="vk-gpu",
+        directory=tmp_path,
+        expiration_seconds=1000,
+        renew_fraction=fraction,
+        approval_seconds=30,
+        now=_now,
+    )
+
+
+async def test_the_certificate_is_renewed_at_its_fraction_and_the_client_rebound(
+    tmp_path: Path,
+) -> None:
+    signer = FakeSigner()
+    identity = await _identity(tmp_path, signer, fraction=0.5)
+    first = identity.certificate
+    client: Any = identity.client
+    renewing = asyncio.create_task(identity.renew_forever())
+    await asyncio.sleep(499)
+    assert client.rebinds == []  # not before half the lifetime
+    await asyncio.sleep(2)
+    assert len(client.rebinds) == 1
+    assert identity.certificate.not_before >= first.not_before + timedelta(seconds=500)
+    assert client.connection.cert == identity.certificate.cert_file.read_bytes()
+    await asyncio.sleep(500)
+    assert len(client.rebinds) == 2  # and again, at half of the new lifetime
+    renewing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await renewing
+    assert len(signer.csrs) == 3
+    first_connection, second_connection = (c for c in signer_connections(client))
+    assert first_connection.closed  # retired 180 s after its replacement
+    assert not second_connection.closed  # replaced a moment ago: calls may still be under way
+    await identity.close()
+    assert second_connection.closed and client.connection.closed  # nothing left open
+
+
+async def test_a_failed_renewal_is_retried_and_is_fatal_only_once_expired(
+    tmp_path: Path,
+) -> None:
+    signer = FakeSigner()
+    identity = await _identity(tmp_path, signer, fraction=0.5)
+    signer.outcome = "error"
+    renewing = asyncio.create_task(identity.renew_forever())
+    await asyncio.sleep(600)
+    assert not renewing.done()  # retrying while the old certificate holds
+    signer.outcome = "sign"
+    await asyncio.sleep(31)
+    assert not renewing.done()
+    assert identity.certificate.not_before > START + timedelta(seconds=500)  # renewed
+    signer.outcome = "error"
+    with pytest.raises(NodeIdentityError, match="expired"):
+        await asyncio.wait_for(renewing, timeout=5000)
+
+
+async def test_a_backdated_short_certificate_is_renewed_at_its_fraction_not_in_a_loop(
+    tmp_path: Path,
+) -> None:
+    """The cluster's signer backdates NotBefore by five minutes: a 600 s certificate renewed at
+    a tenth must wait a minute, not renew at once and for ever."""
+    signer = FakeSigner()
+    signer.backdate = timedelta(minutes=5)
+    first = await request_certificate(
+        signer,  # type: ignore[arg-type]
+        node_name="vk-gpu",
+        directory=tmp_path,
+        expiration_seconds=600,
+        approval_seconds=30,
+        now=_now,
+    )
+    client = FakeNodeClient(signer.with_client_certificate(first.cert_file, first.key_file))
+    identity = NodeIdentity(
+        signer,  # type: ignore[arg-type]
+        client,  # type: ignore[arg-type]
+        first,
+        node_name="vk-gpu",
+        directory=tmp_path,
+        expiration_seconds=600,
+        renew_fraction=0.1,
+        approval_seconds=30,
+        now=_now,
+    )
+    renewing = asyncio.create_task(identity.renew_forever())
+    await asyncio.sleep(59)
+    assert client.rebinds == []
+    await asyncio.sleep(2)
+    assert len(client.rebinds) == 1
+    await asyncio.sleep(58)
+    assert len(client.rebinds) == 1  # the next one a minute later again
+    renewing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await renewing
