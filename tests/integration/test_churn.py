@@ -165,8 +165,8 @@ async def _kill_agent(agent: AgentProcess, report: ChurnReport, rng: random.Rand
         report.agent_kills += 1
         agent.start()
 
-        async def registered() -> bool:
-            return agent.log_text().count(" registered; kubelet API") > starts
+        async def registered(before: int = starts) -> bool:
+            return agent.log_text().count(" registered; kubelet API") > before
 
         await wait_for(registered, timeout=120, what="the restarted agent to register its node")
         report.downtime.append((killed, datetime.now(UTC)))
