@@ -132,10 +132,13 @@ phase() {{
 }}
 # This VM cannot run the pod: the agent reports the instance lost.
 host_failed() {{ echo "vk-provider: $1" >&2; phase failed-host "$1"; exit 0; }}
-# The pod's containers that run (sidecars, apps), stopped when the pod ends.
+# The pod's containers that run (the sandbox, sidecars, apps), stopped when the pod ends:
+# the last started first, so the sidecars outlive the apps and the sandbox everything.
 started=
 stop_started() {{
-    for name in $started; do "$docker" stop --time {STOP_SECONDS} "$name" > /dev/null 2>&1; done
+    order=
+    for name in $started; do order="$name $order"; done
+    for name in $order; do "$docker" stop --time {STOP_SECONDS} "$name" > /dev/null 2>&1; done
 }}
 # The pod ended: $1 its exit code, $2 the phase, $3 why.
 pod_ended() {{
@@ -257,8 +260,6 @@ for name in {app_names}; do
     ended=$(status_of "$name" | cut -d ' ' -f 2)
     if [ "$code" = 0 ] && [ -n "$ended" ]; then code=$ended; fi
 done
-for name in $started; do reversed="$name ${{reversed:-}}"; done
-started=${{reversed:-}}
 pod_ended "$code" exited "the pod's app containers exited (exit code $code)"
 """
 

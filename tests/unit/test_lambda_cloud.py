@@ -59,6 +59,7 @@ from vk_provider.domain.errors import (
     Transient,
 )
 from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
+from vk_provider.domain.placement import PodShape
 from vk_provider.settings.secrets import ConfigError
 
 UID = "0f5e2a8c-1b2d-4e6f-8a9b-0c1d2e3f4a5b"
@@ -821,6 +822,18 @@ async def test_logs_come_from_the_vm(fake: FakeLambda, provider: LambdaCloudProv
     got = [chunk async for chunk in provider.logs(instance_id, options)]
     assert got == [b"one\n", b"tw"]  # cut at limit_bytes
     assert fake.vms.log_options == [options]  # tail, follow, timestamps: docker logs' own
+
+
+async def test_lambda_runs_whole_pods_but_cannot_probe_them(provider: LambdaCloudProvider) -> None:
+    capabilities = provider.capabilities
+    whole = (capabilities.multi_container, capabilities.init_containers, capabilities.sidecars)
+    assert whole == (True, True, True)
+    assert capabilities.probes == "none"  # the agent cannot reach the containers' ports
+    assert not capabilities.previous_logs  # Docker keeps one log across restarts
+    assert not (capabilities.exec or capabilities.port_forward or capabilities.usage)
+    # So placement offers every pod shape to Lambda (the shape filter passes it).
+    shape = PodShape(app_containers=2, init_containers=1, sidecars=1, field="spec.containers[1]")
+    assert shape.runs_on(capabilities)
 
 
 async def test_logs_of_a_booting_or_unknown_vm_are_not_found(

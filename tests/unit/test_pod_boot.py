@@ -334,7 +334,8 @@ def test_a_container_that_cannot_be_created_fails_the_start(tmp_path: Path) -> N
     error = Path(container_dir(str(tmp_path / "state"), "model"), "start-error").read_text()
     assert "pull access denied" in error
     assert name("exporter") not in runs(calls)
-    assert name("proxy") in [c["name"] for c in calls if c["cmd"] == "stop"]
+    stops = [c["name"] for c in calls if c["cmd"] == "stop"]
+    assert stops == [name("proxy"), sandbox_name_for(REQUEST)]  # what started, last first
 
 
 # --- what the containers share, and what they get -----------------------------------------
