@@ -75,6 +75,7 @@ from typing import Final, Literal
 import httpx
 
 from providers.cloud_init import STATE_DIR, build_user_data
+from providers.docker_run import pod_containers
 from providers.http import Classify, ErrorAnswer, JsonApi, answered_status, never_sent
 from providers.lambda_cloud.agentkey import AgentKey
 from providers.lambda_cloud.config import LambdaProviderConfig
@@ -267,9 +268,11 @@ class LambdaCloudProvider:
             pause_image=self._config.pause_image,
         )
         body = launch_request(spec, offer, config=self._config, user_data=user_data)
-        # The spec's secret env values are only sealed in user_data; should an answer echo
-        # any of them anyway, no log line or message may carry it.
-        redact = self._api.redactor.with_secrets(var.value for var in spec.env if var.secret)
+        # Every container's secret env values are only sealed in user_data; should an answer
+        # echo any of them anyway, no log line or message may carry it.
+        redact = self._api.redactor.with_secrets(
+            var.value for c in pod_containers(spec) for var in c.spec.env if var.secret
+        )
         async with self._create_lock:
             existing = await self._find(spec, redact)
             if existing is not None:

@@ -48,6 +48,7 @@ from tests.contract.harness_lambda import (
     spec_path,
 )
 from tests.unit import canary
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -1001,7 +1002,12 @@ async def test_no_canary_leaks_from_any_error_path(
     )
     instance_id = fake.add_instance(tags=ours(attempt=7))
     offer = await a10(adapter)
-    workload = make_spec(env=(EnvVar("HF_TOKEN", canary.SECRET, secret=True),))
+    secret = (EnvVar("HF_TOKEN", canary.SECRET, secret=True),)
+    # A whole pod: the secret is an init container's (every container's are redacted).
+    workload = make_spec(
+        containers=(ContainerSpec("main", "img:1"),),
+        init_containers=(ContainerSpec("fetch", "img:1", env=secret),),
+    )
     if isinstance(answer, Exception):
         transport.only = {
             "instance-types": "/instance-types",
