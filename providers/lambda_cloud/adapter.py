@@ -366,9 +366,17 @@ class LambdaCloudProvider:
         return await self._watch.observe_all(live)
 
     async def logs(self, instance_id: str, options: LogOptions) -> AsyncIterator[bytes]:
-        """``docker logs`` of the container, over SSH (``vmwatch``)."""
+        """``docker logs`` of the container asked for, over SSH (``vmwatch``). There is no
+        previous run's log (``Capabilities.previous_logs`` is false): Docker restarts a
+        container in place and keeps one log across its runs."""
         if not instance_id:
             raise NotFound("no Lambda instance has an empty id", provider=self.name)
+        if options.previous:
+            raise NotFound(
+                "Lambda keeps no previous run's log: Docker restarts a container in place, "
+                "with one log across its runs",
+                provider=self.name,
+            )
         path = f"/instances/{urllib.parse.quote(instance_id, safe='')}"
         data = await self._call(_Call("get instance", "GET", path))
         with self._api.readable("get instance"):

@@ -837,6 +837,19 @@ async def test_lambda_runs_whole_pods_but_cannot_probe_them(provider: LambdaClou
     assert shape.runs_on(capabilities)
 
 
+async def test_logs_are_per_container_and_there_is_no_previous_run(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    instance_id = fake.add_instance(tags=ours(), status="active")
+    fake.vms.log_lines[instance_id] = list(lines("sidecar says"))
+    options = LogOptions(container="proxy")
+    assert [chunk async for chunk in provider.logs(instance_id, options)] == [b"sidecar says\n"]
+    assert fake.vms.log_options == [options]  # the container goes to docker logs (vmwatch)
+    with pytest.raises(NotFound, match="no previous run"):
+        async for _ in provider.logs(instance_id, LogOptions(container="proxy", previous=True)):
+            pass
+
+
 async def test_logs_of_a_booting_or_unknown_vm_are_not_found(
     fake: FakeLambda, provider: LambdaCloudProvider
 ) -> None:
