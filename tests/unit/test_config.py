@@ -37,7 +37,7 @@ def test_every_documented_example_is_valid(block: dict[str, Any]) -> None:
 
 def test_the_example_has_every_provider_type() -> None:
     types = {p["type"] for block in _yaml_blocks() for p in block.get("providers", [])}
-    assert types == {"runpod", "lambda", "modal", "kubernetes", "local"}
+    assert types == {"runpod", "lambda", "modal", "kubernetes", "local", "grpc"}
 
 
 def _base(**provider: Any) -> dict[str, Any]:

@@ -1,30 +1,43 @@
-"""The plugin protocol compiles and covers every method of the provider contract."""
+"""The plugin protocol: the committed generated code matches the proto, and every method of
+the provider contract has an RPC that the server kit serves and the client calls."""
 
 from __future__ import annotations
 
-import importlib.resources
+import inspect
 import re
+import subprocess
 from pathlib import Path
 
-from grpc_tools import protoc
-
+from providers.plugin import client, rpc, server
 from vk_provider.domain.contract import Provider
 
-PROTO_ROOT = Path(__file__).resolve().parents[2] / "proto"
-PROTO = PROTO_ROOT / "vkprovider" / "v1" / "provider.proto"
+ROOT = Path(__file__).resolve().parents[2]
+PROTO = ROOT / "proto" / "vkprovider" / "v1" / "provider.proto"
+GENERATED = ROOT / "providers" / "plugin" / "_gen"
 
 
-def test_the_protocol_compiles(tmp_path: Path) -> None:
-    includes = str(importlib.resources.files("grpc_tools") / "_proto")
-    code = protoc.main(
-        ["protoc", f"-I{PROTO_ROOT}", f"-I{includes}", f"--python_out={tmp_path}", str(PROTO)]
-    )
-    assert code == 0
-    assert (tmp_path / "vkprovider" / "v1" / "provider_pb2.py").exists()
+def test_the_committed_generated_code_matches_the_proto(tmp_path: Path) -> None:
+    subprocess.run([str(ROOT / "scripts" / "gen-proto"), str(tmp_path)], check=True, timeout=120)
+    fresh = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*_pb2.py*"))
+    committed = sorted(p.relative_to(GENERATED) for p in GENERATED.rglob("*_pb2.py*"))
+    assert fresh == committed
+    for relative in fresh:
+        assert (tmp_path / relative).read_text() == (GENERATED / relative).read_text(), (
+            f"{relative} differs from proto/: run scripts/gen-proto and commit the result"
+        )
 
 
 def test_every_contract_method_has_an_rpc() -> None:
     rpcs = {name.lower() for name in re.findall(r"rpc (\w+)\(", PROTO.read_text())}
+    assert {name.lower() for name in rpc.METHODS} == rpcs
     methods = {"offers", "create", "get", "delete", "list_ours", "logs"}
+    methods |= {"usage", "restart_container"}
     assert {m.replace("_", "") for m in methods} <= rpcs
-    assert all(hasattr(Provider, m) for m in methods)
+    assert all(hasattr(Provider, m) for m in methods - {"usage", "restart_container"})
+
+
+def test_the_client_calls_every_rpc_and_the_server_serves_every_one() -> None:
+    called = set(re.findall(r'"(\w+)"', inspect.getsource(client)))
+    assert called >= rpc.METHODS
+    served = set(re.findall(r'"(\w+)": ', inspect.getsource(server)))
+    assert served >= rpc.METHODS

@@ -24,6 +24,7 @@ from rich.table import Table
 from vk_provider.cli.local import local_app
 from vk_provider.cli.output import console, out
 from vk_provider.cli.output import fail as _fail
+from vk_provider.cli.plugin import plugin_app
 from vk_provider.cli.query import register_queries
 from vk_provider.cluster.binaries import PINNED, Binaries, ensure_binaries
 from vk_provider.cluster.binaries import Progress as BuildProgress
@@ -46,6 +47,7 @@ config_app = typer.Typer(help="The agent's configuration file.", no_args_is_help
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(config_app, name="config")
 app.add_typer(local_app, name="local")
+app.add_typer(plugin_app, name="plugin")
 register_queries(app)
 
 NAME_OPTION = typer.Option(

@@ -147,6 +147,16 @@ class SupportsUsage(Protocol):
 
 
 @runtime_checkable
+class SupportsStart(Protocol):
+    async def start(self) -> None:
+        """Connect and learn what the provider can do, before the agent reads
+        ``capabilities`` (an out-of-process provider asks its plugin). The agent awaits it
+        once, after the configuration checks and before any other call; a provider that
+        cannot start raises ``ProviderError`` and the agent does not start."""
+        ...
+
+
+@runtime_checkable
 class SupportsContainerRestart(Protocol):
     async def restart_container(self, instance_id: str, container: str) -> None:
         """Kill ``container`` so the runtime restarts it per the pod's restart policy (a failed

@@ -51,7 +51,7 @@ from vk_provider.domain.podview import PodKey
 from vk_provider.domain.reconcile import TerminationPolicy
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
-from vk_provider.runtime.preflight import checked_providers, close_all
+from vk_provider.runtime.preflight import checked_providers, close_all, start_providers
 from vk_provider.runtime.registry import Registry
 from vk_provider.runtime.supervisor import SHUTDOWN_SECONDS, supervise
 from vk_provider.settings.agent import AgentConfig
@@ -404,6 +404,7 @@ async def run_agent(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
+        await start_providers(providers)
         kube = await KubeClient.connect(kubeconfig)
     except BaseException:
         await close_all(providers)

@@ -6,18 +6,23 @@ SDK, reading a kubeconfig, refusing a local provider that is not enabled) and
 problem is reported, each naming its field, in one ``ConfigError`` — `check-config` and
 `run` both exit 2 with exactly those lines.
 
-Invariants: no network call is made here; a credential's value never appears in a message
-(``SecretRef.resolve`` names the reference only); adapters built only to check them are
-closed again.
+``start_providers`` is `run`'s one step beyond that: it starts the providers that must start
+before they are used (an out-of-process plugin reads its capabilities), after the checks.
+
+Invariants: no network call is made by the checks (only by ``start_providers``); a
+credential's value never appears in a message (``SecretRef.resolve`` names the reference
+only); adapters built only to check them are closed again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 from pathlib import Path
 
-from vk_provider.domain.contract import Provider
+from vk_provider.domain.contract import Provider, SupportsStart
+from vk_provider.domain.errors import ProviderError
 from vk_provider.runtime.registry import Registry
 from vk_provider.settings.agent import AgentConfig
 from vk_provider.settings.secrets import ConfigError
@@ -108,6 +113,26 @@ async def checked_providers(
         await close_all(providers)
         raise ConfigError("\n".join(errors))
     return providers
+
+
+class ProviderStartFailed(RuntimeError):
+    """A provider that must start before the agent wires it (``SupportsStart``) could not."""
+
+
+async def start_providers(providers: dict[str, Provider]) -> None:
+    """``start()`` every provider that has it (an out-of-process plugin: connect, read its
+    capabilities), all at once; one error lists each that failed. `run` only: this talks to
+    the plugins, which `check-config` does not."""
+    starting = {n: p for n, p in providers.items() if isinstance(p, SupportsStart)}
+    results = await asyncio.gather(*(p.start() for p in starting.values()), return_exceptions=True)
+    errors = []
+    for name, result in zip(starting, results, strict=True):
+        if isinstance(result, ProviderError):
+            errors.append(f"provider {name} cannot start: {result}")
+        elif isinstance(result, BaseException):
+            raise result
+    if errors:
+        raise ProviderStartFailed("\n".join(errors))
 
 
 async def preflight(config: AgentConfig, registry: Registry, *, state_dir: Path) -> None:

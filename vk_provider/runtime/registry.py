@@ -24,9 +24,10 @@ from providers.lambda_cloud.plugin import PROVIDER_TYPE as LAMBDA
 from providers.local.plugin import PROVIDER_TYPE as LOCAL
 from providers.memory.plugin import PROVIDER_TYPE as MEMORY
 from providers.modal.plugin import PROVIDER_TYPE as MODAL
+from providers.plugin.plugin import PROVIDER_TYPE as GRPC
 from providers.runpod.plugin import PROVIDER_TYPE as RUNPOD
 from vk_provider.domain.contract import Provider
-from vk_provider.settings.agent import AgentConfig, load_config, parse_config
+from vk_provider.settings.agent import AgentConfig, load_config, parse_config, parse_provider
 from vk_provider.settings.providers import BuildContext, ProviderSettings, ProviderType
 from vk_provider.settings.schema import config_schema
 from vk_provider.settings.secrets import ConfigError
@@ -40,6 +41,7 @@ BUILT_IN: tuple[ProviderType, ...] = (
     LAMBDA,
     MODAL,
     KUBERNETES,
+    GRPC,
 )
 
 
@@ -92,6 +94,10 @@ class Registry:
 
     def parse_config(self, data: object) -> AgentConfig:
         return parse_config(data, self.settings_models())
+
+    def parse_provider(self, data: object) -> ProviderSettings:
+        """One provider entry, validated by the model of its ``type``."""
+        return parse_provider(data, self.settings_models())
 
     def load_config(self, path: Path) -> AgentConfig:
         return load_config(path, self.settings_models())

@@ -356,6 +356,18 @@ def _provider_entries(raw: object, types: ProviderTypes) -> tuple[list[object], 
     return entries, errors
 
 
+def parse_provider(data: object, provider_types: ProviderTypes) -> ProviderSettings:
+    """One provider entry on its own (``vk-provider plugin serve``); errors name the field."""
+    if not isinstance(data, Mapping):
+        raise ConfigError("(top level): must be a mapping with a type and a name")
+    entries, errors = _provider_entries([data], provider_types)
+    if errors:
+        raise ConfigError("\n".join(e.removeprefix("providers[0].") for e in errors))
+    entry = entries[0]
+    assert isinstance(entry, ProviderSettings)
+    return entry
+
+
 def parse_config(data: object, provider_types: ProviderTypes) -> AgentConfig:
     """Validate a whole configuration; ``ConfigError`` lists every offending field."""
     if not isinstance(data, Mapping):

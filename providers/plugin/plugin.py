@@ -1,0 +1,28 @@
+"""The ``grpc`` provider type, as the registry sees it."""
+
+from __future__ import annotations
+
+from providers.plugin.client import GrpcProvider
+from providers.plugin.config import GrpcProviderConfig
+from vk_provider.domain.contract import Provider
+from vk_provider.settings.providers import BuildContext, ProviderType
+
+
+def build(settings: GrpcProviderConfig, context: BuildContext) -> Provider:
+    return GrpcProvider(settings)
+
+
+def requirements(settings: GrpcProviderConfig) -> list[str]:
+    return [
+        f"a plugin must listen at {settings.address} when the agent starts (it waits "
+        f"{settings.connect_timeout_seconds:g} s for it)"
+    ]
+
+
+PROVIDER_TYPE = ProviderType(
+    name="grpc",
+    settings=GrpcProviderConfig,
+    build=build,
+    description="A provider adapter in its own process, over gRPC (proto/vkprovider/v1).",
+    requirements=requirements,
+)
