@@ -1,4 +1,4 @@
-"""Cloud-init ``user_data`` that runs one pod's container on a freshly booted GPU VM.
+"""Cloud-init ``user_data`` that runs one pod — every container of it — on a fresh GPU VM.
 
 Clouds that rent whole VMs (Lambda Cloud) take a cloud-init document at launch and nothing
 else; this module turns a ``WorkloadSpec`` into that document. It is a pure function of its
@@ -6,30 +6,38 @@ inputs: no I/O, no clock, no randomness, so the same inputs always give the same
 
 What the VM gets (everything under ``state_dir``, ``/var/lib/vk-provider`` by default)::
 
-    container.env          the pod's plain environment, ``docker --env-file`` format (0600)
-    container-env.sh       plain values ``--env-file`` cannot carry (line breaks; lines over
-                           Docker's 64 KiB limit), exported by run.sh (0600; only if needed)
-    secret.env.sealed      the pod's *secret* values, the same two ways, sealed to a passphrase
-    secret-env.sh.sealed   the agent delivers over SSH (``providers.sealed_env``; base64; 0600)
-    run.sh                 the boot script (``providers.boot_script``; 0700)
+    pod.list                           the pod's containers in run order, "<kind> <name>" per
+                                       line (kind: init, sidecar, app); the agent reads it
+    containers/<name>/container.env    the container's plain environment, ``docker
+                                       --env-file`` format (0600)
+    containers/<name>/container-env.sh plain values ``--env-file`` cannot carry (line breaks;
+                                       lines over Docker's 64 KiB limit), sourced for its
+                                       ``docker run`` only (0600; only if needed)
+    containers/<name>/secret.env.sealed, secret-env.sh.sealed
+                                       its *secret* values, the same two ways, sealed to a
+                                       passphrase the agent delivers over SSH
+                                       (``providers.sealed_env``; base64; 0600)
+    run.sh                             the boot script (``providers.boot_script``; 0700)
 
 and, through cloud-init's own modules, the SSH host key the agent expects (``ssh_keys``: the
 agent then verifies the VM from its first connection on) and any extra public keys of people
 (``ssh_authorized_keys``). ``run.sh`` runs as the transient systemd unit
 ``vk-provider-workload`` (started by ``runcmd`` without waiting), so cloud-init finishes
-booting while the VM prepares and the container runs.
+booting while the VM prepares and the pod runs. The containers, their names, network, volumes
+and restart policies are ``providers.docker_run``'s.
 
 Invariants:
-- No secret env value (``EnvVar.secret``) is in the document in any readable form: each is
-  only in a sealed file. No env value at all is on a command line: values live in 0600 files;
-  ``docker run`` gets ``--env-file`` and, for values an env-file cannot carry, the *name*
-  (Docker reads the value from its own environment).
+- No secret env value (``EnvVar.secret``) of any container is in the document in any readable
+  form: each is only in a sealed file. No env value at all is on a command line: values live
+  in 0600 files; ``docker run`` gets ``--env-file`` and, for values an env-file cannot carry,
+  the *name* (Docker reads the value from its own environment).
 - Every string from the pod reaches the shell through ``shlex.quote`` and the YAML through
   ``yaml.safe_dump``; cloud-init reads it back with ``yaml.safe_load``, so the round trip is
   exact for any text that can be a command-line argument at all. Text that cannot (NUL, lone
-  surrogates) is refused with ``InvalidSpec`` naming the pod field.
-- The container runs once (``--restart no``) and is kept when it ends (``docker inspect``
-  shows its state and exit code): restarts are the agent's decision.
+  surrogates) is refused with ``InvalidSpec`` naming the pod field, as is a container name
+  that is not a DNS label.
+- Containers are kept when they end (``docker inspect`` shows their state, exit code and
+  restart count); restarts are Docker's, per container, as the pod's restartPolicy says.
 - The document is at most ``MAX_USER_DATA_BYTES``; larger ones raise ``InvalidSpec`` naming
   the pod field that made it large.
 """
@@ -45,10 +53,28 @@ from typing import Any, Final
 
 import yaml
 
-from providers.boot_script import SEALED_HEADER, SEALED_SUFFIX, run_script
+from providers.boot_script import (
+    CONTAINERS_DIR,
+    POD_LIST_FILE,
+    SEALED_HEADER,
+    SEALED_SUFFIX,
+    ContainerRun,
+    run_script,
+)
+from providers.docker_run import (
+    PAUSE_IMAGE,
+    PodContainer,
+    all_ports,
+    container_argv,
+    container_name_for,
+    pod_containers,
+    sandbox_argv,
+    sandbox_name_for,
+    volume_dirs,
+)
 from providers.sealed_env import seal
 from vk_provider.domain.errors import InvalidSpec
-from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
+from vk_provider.domain.models import EnvVar, WorkloadSpec
 
 # Lambda: "The user data string must be plain text and cannot exceed 1MB in size." Read as
 # decimal megabytes, the stricter of the two readings.
@@ -61,7 +87,8 @@ SECRET_ENV_FILE: Final = "secret.env"  # noqa: S105 - a file name
 SECRET_SHELL_ENV_FILE: Final = "secret-env.sh"  # noqa: S105 - a file name
 RUN_SCRIPT: Final = "run.sh"
 
-_CONTAINER: Final = "spec.containers[0]"
+# Kubernetes' container names: RFC 1123 labels (they name files and containers on the VM).
+_CONTAINER_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # Kubernetes accepts these environment variable names; Docker's env-file only refuses
 # whitespace, which none of them contain.
 _ENV_NAME: Final = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
@@ -71,8 +98,6 @@ _SHELL_NAME: Final = re.compile(r"[_a-zA-Z][_a-zA-Z0-9]*")
 _ENV_FILE_LINE_MAX: Final = 64 * 1024 - 1
 # Linux refuses an environment string ("NAME=value" and its NUL) over 128 KiB at exec.
 _ENV_STRING_MAX: Final = 128 * 1024 - 1
-_DOCKER_NAME_CHARS: Final = re.compile(r"[^a-zA-Z0-9_.-]")
-_PROTOCOLS: Final = {"TCP": "tcp", "UDP": "udp", "SCTP": "sctp"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,15 +109,6 @@ class HostKey:
     public: str
 
 
-def container_name_for(request_id: str) -> str:
-    """The Docker container name on the VM: ``vk-<request id>`` in Docker's alphabet."""
-    return "vk-" + _DOCKER_NAME_CHARS.sub("-", request_id)
-
-
-def container_name(spec: WorkloadSpec) -> str:
-    return container_name_for(spec.request_id)
-
-
 def build_user_data(
     spec: WorkloadSpec,
     *,
@@ -102,71 +118,46 @@ def build_user_data(
     secret_passphrase: str | None = None,
     host_key: HostKey | None = None,
     authorized_keys: Sequence[str] = (),
+    pause_image: str = PAUSE_IMAGE,
 ) -> str:
-    """The ``#cloud-config`` document that runs ``spec`` with Docker on the VM.
+    """The ``#cloud-config`` document that runs the whole pod ``spec`` with Docker on the VM.
 
-    ``gpus`` adds ``--gpus all`` (and the NVIDIA checks; the VM is the pod's alone, so the
-    container gets all of its GPUs). ``provider`` names the provider in errors.
+    ``gpus`` adds ``--gpus all`` to the containers that ask for GPUs (and the NVIDIA checks;
+    the VM is the pod's alone). ``provider`` names the provider in errors.
     ``secret_passphrase`` seals the secret env values (required when there are any).
     ``host_key`` and ``authorized_keys`` go to cloud-init's ``ssh_keys`` and
-    ``ssh_authorized_keys``. Raises ``InvalidSpec`` for what cannot be expressed, and when
-    the document is too large.
+    ``ssh_authorized_keys``; ``pause_image`` runs the pod's sandbox. Raises ``InvalidSpec``
+    for what cannot be expressed, and when the document is too large.
     """
-    _check_text(spec.image, f"{_CONTAINER}.image", provider)
-    if not spec.image or spec.image.startswith("-"):
-        raise InvalidSpec(
-            f"image {spec.image[:200]!r} is not an image reference",
+    containers = pod_containers(spec)
+    files: list[dict[str, str]] = []
+    runs: list[ContainerRun] = []
+    for container in containers:
+        found = _container_files(
+            container,
+            spec=spec,
+            gpus=gpus,
             provider=provider,
-            field=f"{_CONTAINER}.image",
+            state_dir=state_dir,
+            secret_passphrase=secret_passphrase,
         )
-    for index, arg in enumerate(spec.command):
-        _check_text(arg, f"{_CONTAINER}.command[{index}]", provider)
-    for index, arg in enumerate(spec.args):
-        _check_text(arg, f"{_CONTAINER}.args[{index}]", provider)
-    if spec.working_dir is not None:
-        _check_text(spec.working_dir, f"{_CONTAINER}.workingDir", provider)
-    plan = _plan_env(spec.env, provider)
-    if plan.has_secrets and not secret_passphrase:
-        raise ValueError("secret env values need a passphrase to be sealed with")
-
-    def path(name: str) -> str:
-        return f"{state_dir}/{name}"
-
-    files: list[dict[str, str]] = [
-        _file(path(ENV_FILE), _env_file(plan.plain_file, plan.plain_exported), "0600"),
-    ]
-    sources: list[str] = []
-    if plan.plain_exported:
-        files.append(_file(path(SHELL_ENV_FILE), _env_script(plan.plain_exported), "0600"))
-        sources.append(path(SHELL_ENV_FILE))
-    sealed: list[str] = []
-    secret_contents = [
-        (SECRET_ENV_FILE, plan.secret_file, _env_file(plan.secret_file, [])),
-        (SECRET_SHELL_ENV_FILE, plan.secret_exported, _env_script(plan.secret_exported)),
-    ]
-    for name, variables, content in secret_contents:
-        if variables and secret_passphrase:
-            blob = seal(f"{SEALED_HEADER}\n{content}".encode(), secret_passphrase)
-            files.append(_file(path(name + SEALED_SUFFIX), _base64_lines(blob), "0600"))
-            sealed.append(name)
-    if SECRET_SHELL_ENV_FILE in sealed:
-        sources.append(path(SECRET_SHELL_ENV_FILE))
-    argv = docker_run_argv(
-        spec,
-        gpus=gpus,
-        env_file=path(ENV_FILE),
-        secret_env_file=path(SECRET_ENV_FILE) if SECRET_ENV_FILE in sealed else None,
-    )
+        files += found.files
+        runs.append(found.run)
+    listing = "".join(f"{c.kind} {c.spec.name}\n" for c in containers)
+    files.append(_file(f"{state_dir}/{POD_LIST_FILE}", listing, "0644"))
+    sandbox = sandbox_name_for(spec.request_id)
     script = run_script(
         state_dir=state_dir,
-        image=spec.image,
-        container=container_name(spec),
-        docker_run=argv,
+        images=[pause_image, *(c.spec.image for c in containers)],
+        sandbox=sandbox,
+        sandbox_run=sandbox_argv(
+            name=sandbox, request_id=spec.request_id, ports=all_ports(containers), image=pause_image
+        ),
+        containers=runs,
+        volume_dirs=volume_dirs(containers, state_dir=state_dir),
         gpus=gpus,
-        sources=sources,
-        sealed=sealed,
     )
-    files.append(_file(path(RUN_SCRIPT), script, "0700"))
+    files.append(_file(f"{state_dir}/{RUN_SCRIPT}", script, "0700"))
     document: dict[str, Any] = {"write_files": files}
     if host_key is not None:
         document["ssh_keys"] = {
@@ -182,7 +173,7 @@ def build_user_data(
             "--no-block",
             "--collect",
             "/bin/bash",
-            path(RUN_SCRIPT),
+            f"{state_dir}/{RUN_SCRIPT}",
         ]
     ]
     user_data = "#cloud-config\n" + yaml.dump(
@@ -190,7 +181,7 @@ def build_user_data(
     )
     size = len(user_data.encode("utf-8"))
     if size > MAX_USER_DATA_BYTES:
-        where, contributed = _largest_contributor(spec)
+        where, contributed = _largest_contributor(containers)
         raise InvalidSpec(
             f"the cloud-init user_data that runs this pod would be {size} bytes, more than the "
             f"{MAX_USER_DATA_BYTES} Lambda accepts; {where} alone takes {contributed} bytes",
@@ -200,36 +191,98 @@ def build_user_data(
     return user_data
 
 
-def docker_run_argv(
-    spec: WorkloadSpec, *, gpus: bool, env_file: str, secret_env_file: str | None = None
-) -> list[str]:
-    """``docker run`` for ``spec``, as the argument list run.sh executes.
+def container_dir(state_dir: str, name: str) -> str:
+    """A container's own directory on the VM: its env files and its ``docker run`` error."""
+    return f"{state_dir}/{CONTAINERS_DIR}/{name}"
 
-    Kubernetes' ``command`` replaces the image's ENTRYPOINT and ``args`` its CMD; Docker's
-    ``--entrypoint`` takes one executable, so the rest of ``command`` goes after the image.
-    Setting ``--entrypoint`` also drops the image's CMD, as Kubernetes does. The container is
-    detached (run.sh then waits for it with ``docker wait``) and logs to Docker's ``local`` driver,
-    which ``docker logs`` reads and which rotates (100 MB at most).
-    """
-    argv = ["docker", "run", "--name", container_name(spec), "--restart", "no"]
-    argv += ["--detach", "--log-driver", "local"]
-    if gpus:
-        argv += ["--gpus", "all"]
-    argv += ["--env-file", env_file]
-    if secret_env_file is not None:
-        argv += ["--env-file", secret_env_file]
-    for name in _exported_names(spec.env):
-        argv += ["--env", name]  # the name only: Docker takes the value from its environment
-    for port in _unique_ports(spec.ports):
-        argv += ["--publish", f"{port.container_port}:{port.container_port}/{_protocol(port)}"]
-    if spec.working_dir:
-        argv += ["--workdir", spec.working_dir]
-    if spec.command:
-        argv += ["--entrypoint", spec.command[0], spec.image, *spec.command[1:]]
-    else:
-        argv.append(spec.image)
-    argv += spec.args
-    return argv
+
+@dataclass(frozen=True, slots=True)
+class _ContainerFiles:
+    files: list[dict[str, str]]
+    run: ContainerRun
+
+
+def _check_container(container: PodContainer, provider: str) -> None:
+    spec, where = container.spec, container.field
+    if not _CONTAINER_NAME.fullmatch(spec.name):
+        raise InvalidSpec(
+            f"container name {spec.name[:80]!r} is not a DNS label",
+            provider=provider,
+            field=f"{where}.name",
+        )
+    _check_text(spec.image, f"{where}.image", provider)
+    if not spec.image or spec.image.startswith("-"):
+        raise InvalidSpec(
+            f"image {spec.image[:200]!r} is not an image reference",
+            provider=provider,
+            field=f"{where}.image",
+        )
+    for index, arg in enumerate(spec.command):
+        _check_text(arg, f"{where}.command[{index}]", provider)
+    for index, arg in enumerate(spec.args):
+        _check_text(arg, f"{where}.args[{index}]", provider)
+    if spec.working_dir is not None:
+        _check_text(spec.working_dir, f"{where}.workingDir", provider)
+
+
+def _container_files(
+    container: PodContainer,
+    *,
+    spec: WorkloadSpec,
+    gpus: bool,
+    provider: str,
+    state_dir: str,
+    secret_passphrase: str | None,
+) -> _ContainerFiles:
+    """One container's env files (plain, and secret ones sealed) and how run.sh starts it."""
+    _check_container(container, provider)
+    plan = _plan_env(container.spec.env, provider, container.field)
+    if plan.has_secrets and not secret_passphrase:
+        raise ValueError("secret env values need a passphrase to be sealed with")
+    directory = container_dir(state_dir, container.spec.name)
+
+    def path(name: str) -> str:
+        return f"{directory}/{name}"
+
+    files = [_file(path(ENV_FILE), _env_file(plan.plain_file, plan.plain_exported), "0600")]
+    env_files = [path(ENV_FILE)]
+    sources: list[str] = []
+    if plan.plain_exported:
+        files.append(_file(path(SHELL_ENV_FILE), _env_script(plan.plain_exported), "0600"))
+        sources.append(path(SHELL_ENV_FILE))
+    sealed: list[str] = []
+    secret_contents = [
+        (SECRET_ENV_FILE, plan.secret_file, _env_file(plan.secret_file, [])),
+        (SECRET_SHELL_ENV_FILE, plan.secret_exported, _env_script(plan.secret_exported)),
+    ]
+    for name, variables, content in secret_contents:
+        if variables and secret_passphrase:
+            blob = seal(f"{SEALED_HEADER}\n{content}".encode(), secret_passphrase)
+            files.append(_file(path(name + SEALED_SUFFIX), _base64_lines(blob), "0600"))
+            sealed.append(path(name))
+    if plan.secret_file:
+        env_files.append(path(SECRET_ENV_FILE))
+    if plan.secret_exported:
+        sources.append(path(SECRET_SHELL_ENV_FILE))
+    argv = container_argv(
+        container,
+        request_id=spec.request_id,
+        pod_policy=spec.restart_policy,
+        gpus=gpus,
+        env_files=env_files,
+        exported=_exported_names(container.spec.env),
+        state_dir=state_dir,
+        provider=provider,
+    )
+    run = ContainerRun(
+        kind=container.kind,
+        name=container.spec.name,
+        docker_name=container_name_for(spec.request_id, container.spec.name),
+        docker_run=argv,
+        sources=sources,
+        sealed=sealed,
+    )
+    return _ContainerFiles(files, run)
 
 
 # --- environment ------------------------------------------------------------------------
@@ -252,11 +305,11 @@ class _EnvPlan:
         return bool(self.secret_file or self.secret_exported)
 
 
-def _plan_env(env: Iterable[EnvVar], provider: str) -> _EnvPlan:
+def _plan_env(env: Iterable[EnvVar], provider: str, container: str) -> _EnvPlan:
     """The variables, validated, the last of a name winning (its order and its secrecy)."""
     latest: dict[str, EnvVar] = {}
     for index, var in enumerate(env):
-        where = f"{_CONTAINER}.env[{index}]"
+        where = f"{container}.env[{index}]"
         if not _ENV_NAME.fullmatch(var.name):
             raise InvalidSpec(
                 f"environment variable name {var.name!r} is not valid",
@@ -349,32 +402,18 @@ def _check_text(value: str, where: str, provider: str, *, what: str | None = Non
         ) from None
 
 
-def _unique_ports(ports: Iterable[Port]) -> list[Port]:
-    seen: set[tuple[int, str]] = set()
-    unique: list[Port] = []
-    for port in ports:
-        key = (port.container_port, _protocol(port))
-        if key not in seen:
-            seen.add(key)
-            unique.append(port)
-    return unique
-
-
-def _protocol(port: Port) -> str:
-    return _PROTOCOLS.get(port.protocol.upper(), "tcp")
-
-
 def _file(path: str, content: str, permissions: str) -> dict[str, str]:
     return {"path": path, "owner": "root:root", "permissions": permissions, "content": content}
 
 
-def _largest_contributor(spec: WorkloadSpec) -> tuple[str, int]:
-    sizes = {
-        f"{_CONTAINER}.env": sum(len(v.name) + len(v.value.encode()) for v in spec.env),
-        f"{_CONTAINER}.command": sum(len(arg.encode()) for arg in spec.command),
-        f"{_CONTAINER}.args": sum(len(arg.encode()) for arg in spec.args),
-        f"{_CONTAINER}.image": len(spec.image.encode()),
-    }
+def _largest_contributor(containers: Sequence[PodContainer]) -> tuple[str, int]:
+    sizes: dict[str, int] = {}
+    for container in containers:
+        spec, where = container.spec, container.field
+        sizes[f"{where}.env"] = sum(len(v.name) + len(v.value.encode()) for v in spec.env)
+        sizes[f"{where}.command"] = sum(len(arg.encode()) for arg in spec.command)
+        sizes[f"{where}.args"] = sum(len(arg.encode()) for arg in spec.args)
+        sizes[f"{where}.image"] = len(spec.image.encode())
     largest = max(sizes, key=lambda name: sizes[name])
     return largest, sizes[largest]
 

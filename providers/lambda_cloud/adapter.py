@@ -1,8 +1,14 @@
-"""The Lambda Cloud provider: one Lambda VM per pod attempt, running the pod's image.
+"""The Lambda Cloud provider: one Lambda VM per pod, running the whole pod on it.
 
 Lambda rents whole VMs (API 1.8.3, ``shared/provider-apis/lambda-cloud-openapi-1.8.3.json``).
-The pod's container runs on the VM through cloud-init ``user_data`` built by
-``providers.cloud_init`` (Docker with the NVIDIA runtime, set up by ``providers.boot_script``).
+The pod runs on the VM through cloud-init ``user_data`` built by ``providers.cloud_init``
+(Docker with the NVIDIA runtime, set up by ``providers.boot_script``): every container as a
+Docker container sharing one network namespace and the pod's emptyDir volumes, init
+containers in order before the app containers, sidecars beside them, restarts by Docker as
+the pod's restartPolicy says (``providers.docker_run``). Hence the capabilities
+``multi_container``, ``init_containers`` and ``sidecars``; ``probes`` stays ``none`` (the
+agent cannot reach the containers' ports) and ``previous_logs`` false (Docker keeps one log
+per container across its restarts).
 Offers come from ``GET /instance-types`` (``providers.lambda_cloud.offers``).
 
 Layers, top to bottom: ``LambdaCloudProvider`` (the contract) → pure builders and parsers of
@@ -21,13 +27,14 @@ Decisions (each has a test):
   is not launched twice (``get`` reports it PENDING for that long instead of ``NotFound``).
   A launch is never retried after the request may have reached Lambda (5xx, read timeout):
   that raises ``Transient``, and the agent's next ``create`` looks for the instance first.
-- **The container's state comes from the VM.** Lambda's API reports the VM, not the
-  container, and has no logs API: ``get`` and ``list_ours`` refine each active VM with one SSH
-  probe of it (``docker inspect`` of the container named for the request id, and the boot
-  script's phase; ``vmwatch``, ``vmstate``), so a pod is RUNNING only while its container
-  runs, EXITED with the container's exit code when it ends (the agent's restart policy
-  decides; releasing the pod terminates the VM: nothing here keeps it), and ``logs`` streams
-  ``docker logs`` over SSH. No Lambda credential goes to the VM.
+- **The containers' states come from the VM.** Lambda's API reports the VM, not the
+  containers, and has no logs API: ``get`` and ``list_ours`` refine each active VM with one
+  SSH probe of it (``docker inspect`` of every container of the pod, named for the request id
+  and the container, and the boot script's phase; ``vmwatch``, ``vmstate``), so the instance
+  reports each container as a kubelet would (state, exit code, restart count), is RUNNING
+  once its containers are created, EXITED with the pod's exit code when the pod has ended
+  (releasing the pod terminates the VM: nothing here keeps it), and ``logs`` streams ``docker
+  logs`` of the container asked for over SSH. No Lambda credential goes to the VM.
 - **The agent's own SSH key.** Launches name ``ssh_key_name``, the agent's public key, which
   ``create`` registers through the SSH-key API when the account has no key of that name (once
   per process; again after a launch failed, in case the key was deleted). A key of that name
@@ -68,6 +75,7 @@ from typing import Final, Literal
 import httpx
 
 from providers.cloud_init import STATE_DIR, build_user_data
+from providers.docker_run import pod_containers
 from providers.http import Classify, ErrorAnswer, JsonApi, answered_status, never_sent
 from providers.lambda_cloud.agentkey import AgentKey
 from providers.lambda_cloud.config import LambdaProviderConfig
@@ -221,7 +229,18 @@ class LambdaCloudProvider:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(logs=True, follow_logs=True, log_timestamps=True)
+        # The whole pod runs on its VM (providers.docker_run): Docker restarts each container
+        # as the restartPolicy says and keeps no previous run's output apart from the
+        # current one's, so --previous has nothing to show. Nobody can probe the containers:
+        # the VM's ports are not the agent's to reach.
+        return Capabilities(
+            logs=True,
+            follow_logs=True,
+            log_timestamps=True,
+            multi_container=True,
+            init_containers=True,
+            sidecars=True,
+        )
 
     async def offers(self) -> list[Offer]:
         data = await self._call(_Call("list instance types", "GET", "/instance-types"))
@@ -246,11 +265,14 @@ class LambdaCloudProvider:
             secret_passphrase=self._agent_key.env_passphrase(spec.request_id),
             host_key=self._agent_key.host_key(spec.request_id),
             authorized_keys=self._config.authorized_keys,
+            pause_image=self._config.pause_image,
         )
         body = launch_request(spec, offer, config=self._config, user_data=user_data)
-        # The spec's secret env values are only sealed in user_data; should an answer echo
-        # any of them anyway, no log line or message may carry it.
-        redact = self._api.redactor.with_secrets(var.value for var in spec.env if var.secret)
+        # Every container's secret env values are only sealed in user_data; should an answer
+        # echo any of them anyway, no log line or message may carry it.
+        redact = self._api.redactor.with_secrets(
+            var.value for c in pod_containers(spec) for var in c.spec.env if var.secret
+        )
         async with self._create_lock:
             existing = await self._find(spec, redact)
             if existing is not None:
@@ -344,9 +366,17 @@ class LambdaCloudProvider:
         return await self._watch.observe_all(live)
 
     async def logs(self, instance_id: str, options: LogOptions) -> AsyncIterator[bytes]:
-        """``docker logs`` of the container, over SSH (``vmwatch``)."""
+        """``docker logs`` of the container asked for, over SSH (``vmwatch``). There is no
+        previous run's log (``Capabilities.previous_logs`` is false): Docker restarts a
+        container in place and keeps one log across its runs."""
         if not instance_id:
             raise NotFound("no Lambda instance has an empty id", provider=self.name)
+        if options.previous:
+            raise NotFound(
+                "Lambda keeps no previous run's log: Docker restarts a container in place, "
+                "with one log across its runs",
+                provider=self.name,
+            )
         path = f"/instances/{urllib.parse.quote(instance_id, safe='')}"
         data = await self._call(_Call("get instance", "GET", path))
         with self._api.readable("get instance"):

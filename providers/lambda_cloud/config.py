@@ -59,4 +59,11 @@ class LambdaProviderConfig(CloudProviderSettings):
     instance_types: list[str] = Field(
         default_factory=list, description="Instance type names to consider; empty means all."
     )
+    pause_image: str = Field(
+        "registry.k8s.io/pause:3.10",
+        min_length=1,
+        description="Image of each pod's sandbox container on its VM: it holds the network "
+        "namespace the pod's containers share and publishes their ports (a mirror of "
+        "Kubernetes' pause image for registries the VMs must use instead).",
+    )
     base_url: str = Field("https://cloud.lambda.ai/api/v1", description="API base URL.")

@@ -7,11 +7,11 @@
   account must give their Lambda providers different names.
 - **States.** booting → PENDING; active → RUNNING; unhealthy → RUNNING with a message (Lambda
   may recover it; giving up on it is the agent's call, not a single poll's). RUNNING here means
-  "the VM is up": ``vmwatch`` then refines it with what the VM says over SSH (the container's
-  own state), so the adapter never reports a VM's state as its container's. terminating →
-  TERMINATING; terminated → TERMINATED (the agent knows whether it asked; an unasked end is
-  its to call lost); preempted → LOST. A status this code does not know → PENDING with a
-  message (never LOST: that would launch a second VM while the first may run).
+  "the VM is up": ``vmwatch`` then refines it with what the VM says over SSH (the pod's
+  containers' own states), so the adapter never reports a VM's state as its containers'.
+  terminating → TERMINATING; terminated → TERMINATED (the agent knows whether it asked; an
+  unasked end is its to call lost); preempted → LOST. A status this code does not know →
+  PENDING with a message (never LOST: that would launch a second VM while the first may run).
 
 Invariants: pure; foreign instances are judged by their tags alone, ours must be well formed
 or ``MalformedResponse`` names what is not.

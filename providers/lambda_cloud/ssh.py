@@ -59,7 +59,7 @@ class VmTarget:
     port: int
     user: str
     host_key: str  # the one host key to accept: "ssh-ed25519 AAAA..."
-    container: str  # the Docker container named for the request id
+    container: str  # the pod's sandbox container, named for the request id
     state_dir: str  # the boot script's directory
 
 
@@ -71,7 +71,7 @@ class VmShell(Protocol):
         ...
 
     def logs(self, target: VmTarget, options: LogOptions) -> AsyncIterator[bytes]:
-        """The container's output, line by line."""
+        """One container's output (``options.container``), line by line."""
         ...
 
     async def forget(self, instance_id: str) -> None:
@@ -111,7 +111,7 @@ class SshVmShell:
 
     async def probe(self, target: VmTarget, *, passphrase: str | None) -> VmReport:
         command = probe_command(
-            user=target.user, state_dir=target.state_dir, container=target.container
+            user=target.user, state_dir=target.state_dir, sandbox=target.container
         )
         connection = await self._connection(target)
         # Always some input: asyncssh closes standard input after it (an empty one would not
@@ -137,7 +137,13 @@ class SshVmShell:
             ) from None
 
     async def logs(self, target: VmTarget, options: LogOptions) -> AsyncIterator[bytes]:
-        command = logs_command(user=target.user, container=target.container, options=options)
+        command = logs_command(
+            user=target.user,
+            state_dir=target.state_dir,
+            sandbox=target.container,
+            container=options.container,
+            options=options,
+        )
         connection = await self._connection(target)
         try:
             process = await asyncio.wait_for(

@@ -10,8 +10,9 @@ terminated, preempted). Per instance it remembers, in memory only:
   VM must not bill forever). Before that, a VM never reached reads PENDING ("waiting to reach
   it over SSH"); one reached before keeps its last state in ``list_ours`` and makes ``get``
   raise ``Transient`` (so the pod keeps its status; never ``NotFound``);
-- its last verdict; an EXITED or LOST one is final (the container never restarts on the VM),
-  so an exited pod is reported EXITED even if the VM stops answering while it is released;
+- its last verdict, every container's status included; an EXITED or LOST one is final (an
+  ended pod never starts again on its VM: Docker restarted its containers while it ran), so
+  an exited pod is reported EXITED even if the VM stops answering while it is released;
 - whether the VM may still wait for its secret environment's passphrase, which is then sent on
   the probe's standard input (the probe stores it only while the boot script waits for it).
 
@@ -48,7 +49,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from providers.cloud_init import container_name_for
+from providers.docker_run import sandbox_name_for
 from providers.lambda_cloud.agentkey import AgentKey
 from providers.lambda_cloud.remote import VmReport
 from providers.lambda_cloud.ssh import VmShell, VmTarget
@@ -108,7 +109,7 @@ class VmWatch:
             port=self._port,
             user=self._user,
             host_key=self._key.host_key(request_id).public,
-            container=container_name_for(request_id),
+            container=sandbox_name_for(request_id),
             state_dir=self._state_dir,
         )
 
@@ -143,7 +144,7 @@ class VmWatch:
             error = Transient(f"Lambda VM of {instance.instance_id}: {found.message}")
             return self._unreachable(instance, seen, error, strict=strict)
         seen.last_reached = self._clock()
-        seen.key_due = report.container is None and report.phase in _KEY_PHASES
+        seen.key_due = not report.created and report.phase in _KEY_PHASES
         refined = dataclasses.replace(
             instance,
             state=found.state,
@@ -151,6 +152,8 @@ class VmWatch:
             exit_code=found.exit_code,
             started_at=found.started_at,
             finished_at=found.finished_at,
+            containers=found.containers,
+            init_containers=found.init_containers,
         )
         seen.last = refined
         if refined.state in _FINAL:
@@ -167,7 +170,8 @@ class VmWatch:
         return list(refined)
 
     async def logs(self, instance: Instance, options: LogOptions) -> AsyncIterator[bytes]:
-        """The container's output (``docker logs`` on the VM), cut at ``limit_bytes``."""
+        """One container's output (``docker logs`` on the VM of ``options.container``, the
+        first app container when None), cut at ``limit_bytes``."""
         if instance.state is not InstanceState.RUNNING or not instance.ip:
             raise NotFound(
                 f"Lambda instance {instance.instance_id} has no running VM to read logs from "
@@ -229,6 +233,8 @@ class VmWatch:
             exit_code=last.exit_code,
             started_at=last.started_at,
             finished_at=last.finished_at,
+            containers=last.containers,
+            init_containers=last.init_containers,
             message=_joined(last.message, f"not reachable over SSH just now: {error}"),
         )
 

@@ -25,6 +25,7 @@ from vk_provider.domain.containers import (
     ContainerUsage,
     Probe,
     Termination,
+    VolumeMount,
 )
 from vk_provider.domain.models import (
     Capabilities,
@@ -255,6 +256,12 @@ def _container_to_pb(container: ContainerSpec) -> pb.ContainerSpec:
         startup_probe=_probe_to_pb(container.startup_probe),
         readiness_probe=_probe_to_pb(container.readiness_probe),
         liveness_probe=_probe_to_pb(container.liveness_probe),
+        volume_mounts=[
+            pb.VolumeMount(
+                volume=m.volume, mount_path=m.mount_path, read_only=m.read_only, sub_path=m.sub_path
+            )
+            for m in container.volume_mounts
+        ],
     )
 
 
@@ -274,6 +281,10 @@ def _container_from_pb(message: pb.ContainerSpec, where: str) -> ContainerSpec:
         startup_probe=_probe_from_pb(message, "startup_probe", where),
         readiness_probe=_probe_from_pb(message, "readiness_probe", where),
         liveness_probe=_probe_from_pb(message, "liveness_probe", where),
+        volume_mounts=tuple(
+            VolumeMount(m.volume, m.mount_path, m.read_only, m.sub_path)
+            for m in message.volume_mounts
+        ),
     )
 
 

@@ -41,7 +41,7 @@ from werkzeug.datastructures import Headers, ImmutableMultiDict
 
 from providers.lambda_cloud.adapter import LambdaCloudProvider
 from providers.lambda_cloud.config import LambdaProviderConfig
-from providers.lambda_cloud.remote import ContainerState, VmReport
+from providers.lambda_cloud.remote import ContainerReport, ContainerState, VmReport
 from providers.lambda_cloud.ssh import VmTarget
 from providers.transport import RetryPolicy
 from tests.contract.harness import FailureKind
@@ -264,7 +264,10 @@ class Injected:
     times: int | None = 1
 
 
-RUNNING = VmReport(phase="running", container=ContainerState("running", 0))
+RUNNING = VmReport(
+    phase="running",
+    containers=(ContainerReport("app", "c", ContainerState("running", 0)),),
+)
 
 
 class FakeVms:

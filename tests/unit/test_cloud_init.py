@@ -35,8 +35,14 @@ from providers.cloud_init import (
     UNIT_NAME,
     HostKey,
     build_user_data,
-    container_name,
-    docker_run_argv,
+    container_dir,
+)
+from providers.docker_run import (
+    container_argv,
+    container_name_for,
+    pod_containers,
+    sandbox_argv,
+    sandbox_name_for,
 )
 from tests.helpers import wait_until
 from tests.unit import canary
@@ -68,12 +74,20 @@ HOSTILE = (
 )
 
 
+MAIN = "main"
+
+
+def cfile(state_dir: str, name: str) -> str:
+    """A file of the main container's directory on the VM."""
+    return f"{container_dir(state_dir, MAIN)}/{name}"
+
+
 def make_spec(**overrides: Any) -> WorkloadSpec:
     fields: dict[str, Any] = {
         "pod_uid": "0f5e2a8c-1b2d-4e6f-8a9b-0c1d2e3f4a5b",
         "namespace": "ns",
         "pod_name": "trainer",
-        "container_name": "main",
+        "container_name": MAIN,
         "image": "nvcr.io/nvidia/pytorch:24.05-py3",
         "attempt": 2,
         "gpu_count": 1,
@@ -106,13 +120,34 @@ def parse_env_file(text: str) -> dict[str, str | None]:
     return parsed
 
 
+def app_argv(
+    spec: WorkloadSpec,
+    *,
+    gpus: bool,
+    env_files: list[str],
+    exported: tuple[str, ...] = (),
+    state_dir: str = STATE_DIR,
+) -> list[str]:
+    """The ``docker run`` argv run.sh should execute for the spec's one app container."""
+    return container_argv(
+        pod_containers(spec)[-1],
+        request_id=spec.request_id,
+        pod_policy=spec.restart_policy,
+        gpus=gpus,
+        env_files=env_files,
+        exported=list(exported),
+        state_dir=state_dir,
+    )
+
+
 # --- running the script -------------------------------------------------------------------
 
 PASSPHRASE = "7f" * 32
 
-# The docker CLI as run.sh uses it. ``run`` records its argv, the environment of the names it
-# is given with --env, and the content of each --env-file (run.sh deletes the secret one
-# once docker has it); ``wait`` prints the container's exit code.
+# The docker CLI as run.sh uses it. ``run`` records its argv (the last run's: the app
+# container's), the environment of the names it is given with --env, and the content of each
+# --env-file (run.sh deletes the secret one once docker has it); ``inspect`` says every
+# container exited with FAKE_DOCKER_EXIT. Whole-pod lifecycles: ``test_pod_boot.py``.
 FAKE_DOCKER = """#!{python}
 import json, os, sys
 args = sys.argv[1:]
@@ -122,7 +157,8 @@ if args and args[0] == "run":
     with open(os.environ["FAKE_DOCKER_OUT"], "w") as out:
         json.dump({{"argv": args, "env": {{n: os.environ.get(n) for n in names}},
                    "env_files": {{f: open(f).read() for f in files}}}}, out)
-    code = int(os.environ.get("FAKE_DOCKER_RUN_EXIT", "0"))
+    # The sandbox (no --network of its own) always starts; the pod's containers may fail.
+    code = int(os.environ.get("FAKE_DOCKER_RUN_EXIT", "0")) if "--network" in args else 0
     if code:
         print("docker: Error response from daemon: pull access denied", file=sys.stderr)
     else:
@@ -138,9 +174,10 @@ if args and args[0] == "info" and "--format" in args:
     print(json.dumps(runtimes))
     sys.exit(0)
 if args and args[0] == "inspect":
-    print("Error: No such object: " + args[-1], file=sys.stderr)
-    sys.exit(1)
-sys.exit(0)  # info, pull
+    # Every container has exited with FAKE_DOCKER_EXIT (for run.sh's status_of).
+    print("exited " + os.environ.get("FAKE_DOCKER_EXIT", "0"))
+    sys.exit(0)
+sys.exit(0)  # info, pull, stop
 """
 
 # Every other tool the boot script may call: records its argv, succeeds unless told.
@@ -266,11 +303,11 @@ def test_document_shape_and_file_permissions() -> None:
     spec = make_spec(env=(EnvVar("A", "1"),))
     user_data = build_user_data(spec, gpus=True)
     written = files(user_data)
-    env_file = written[f"{STATE_DIR}/{ENV_FILE}"]
+    env_file = written[cfile(STATE_DIR, ENV_FILE)]
     assert env_file["permissions"] == "0600"
     assert env_file["owner"] == "root:root"
     assert written[f"{STATE_DIR}/{RUN_SCRIPT}"]["permissions"] == "0700"
-    assert f"{STATE_DIR}/{SHELL_ENV_FILE}" not in written  # only when needed
+    assert cfile(STATE_DIR, SHELL_ENV_FILE) not in written  # only when needed
     assert document(user_data)["runcmd"] == [
         [
             "systemd-run",
@@ -301,8 +338,9 @@ def test_command_replaces_entrypoint_and_args_replace_cmd(
     command: tuple[str, ...], args: tuple[str, ...], tail: list[str]
 ) -> None:
     spec = make_spec(image="IMG", command=command, args=args)
-    argv = docker_run_argv(spec, gpus=False, env_file="/e")
-    assert argv[:6] == ["docker", "run", "--name", container_name(spec), "--restart", "no"]
+    argv = app_argv(spec, gpus=False, env_files=["/e"])
+    name = container_name_for(spec.request_id, MAIN)
+    assert argv[:6] == ["docker", "run", "--name", name, "--restart", "always"]
     assert argv[-len(tail) :] == tail
     assert "--gpus" not in argv
 
@@ -318,18 +356,23 @@ def test_gpus_env_file_ports_and_workdir() -> None:
             Port(9000, "SCTP", name="s"),
         ),
     )
-    argv = docker_run_argv(spec, gpus=True, env_file="/state/container.env")
+    argv = app_argv(spec, gpus=True, env_files=["/state/container.env"])
     joined = " ".join(argv)
     assert "--gpus all" in joined
     assert "--env-file /state/container.env" in joined
-    published = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--publish"]
-    assert published == ["8080:8080/tcp", "53:53/udp", "9000:9000/sctp"]
     assert argv[argv.index("--workdir") + 1] == "/work dir"
+    # The sandbox owns the network namespace, so it publishes the ports; the container joins.
+    assert "--publish" not in argv
+    assert argv[argv.index("--network") + 1] == f"container:{sandbox_name_for(spec.request_id)}"
+    sandbox = sandbox_argv(name="s", request_id="r", ports=spec.ports, image="pause")
+    published = [sandbox[i + 1] for i, arg in enumerate(sandbox) if arg == "--publish"]
+    assert published == ["8080:8080/tcp", "53:53/udp", "9000:9000/sctp"]
 
 
-def test_container_name_is_the_request_id_in_dockers_alphabet() -> None:
-    assert container_name(make_spec(pod_uid="abc-1", attempt=3)) == "vk-abc-1.3"
-    assert container_name(make_spec(pod_uid="a/b c", attempt=0)) == "vk-a-b-c.0"
+def test_container_names_are_the_request_id_and_the_container_in_dockers_alphabet() -> None:
+    assert sandbox_name_for(make_spec(pod_uid="abc-1", attempt=3).request_id) == "vk-abc-1.3"
+    assert sandbox_name_for(make_spec(pod_uid="a/b c", attempt=0).request_id) == "vk-a-b-c.0"
+    assert container_name_for("abc-1.3", "web") == "vk-abc-1.3.web"
 
 
 @pytest.mark.parametrize("secret", [False, True])
@@ -345,9 +388,13 @@ def test_hostile_strings_reach_docker_unchanged(
     )
     user_data = build_user_data(spec, gpus=True, state_dir=state_dir, secret_passphrase=PASSPHRASE)
     got = run_on_fake_vm(tmp_path, user_data)
-    env_file = f"{state_dir}/{ENV_FILE}"
-    secret_file = f"{state_dir}/{SECRET_ENV_FILE}" if secret else None
-    expected = docker_run_argv(spec, gpus=True, env_file=env_file, secret_env_file=secret_file)
+    env_files = [cfile(state_dir, ENV_FILE)]
+    if secret:
+        env_files.append(cfile(state_dir, SECRET_ENV_FILE))
+    exported = tuple(name for name in got["env"])
+    expected = app_argv(
+        spec, gpus=True, env_files=env_files, exported=exported, state_dir=state_dir
+    )
     assert got["argv"] == expected[1:]
     # Every value arrives: single-line ones through an env-file, the rest by name.
     assert received_env(got) == {f"V{i}": value for i, value in enumerate(HOSTILE)}
@@ -378,20 +425,21 @@ def test_secrets_are_sealed_and_on_no_command_line(tmp_path: Path, state_dir: st
         assert base64.b64encode(value.encode()).decode() not in user_data
     written = files(user_data)
     for name in (SECRET_ENV_FILE, SECRET_SHELL_ENV_FILE):
-        entry = written[f"{state_dir}/{name}.sealed"]
+        entry = written[cfile(state_dir, name) + ".sealed"]
         assert entry["permissions"] == "0600"
         assert sealed_env.unseal(base64.b64decode(entry["content"]), PASSPHRASE)
-    assert parse_env_file(written[f"{state_dir}/{ENV_FILE}"]["content"]) == {"PLAIN": "visible"}
+    assert parse_env_file(written[cfile(state_dir, ENV_FILE)]["content"]) == {"PLAIN": "visible"}
     got = run_on_fake_vm(tmp_path, user_data)
     for value in (secret, multi):
         assert all(value not in arg for arg in got["argv"])  # docker's real argv
     assert "--env" in got["argv"] and "PEM" in got["argv"]
     assert got["env"] == {"PEM": multi}
-    assert parse_env_file(got["env_files"][f"{state_dir}/{SECRET_ENV_FILE}"]) == {"TOKEN": secret}
+    assert parse_env_file(got["env_files"][cfile(state_dir, SECRET_ENV_FILE)]) == {"TOKEN": secret}
     # Once docker has them, the opened files and the passphrase are gone from the VM.
-    for name in (SECRET_ENV_FILE, SECRET_SHELL_ENV_FILE, "keys/env.pass"):
-        assert not Path(state_dir, name).exists(), name
-    assert stat.S_IMODE(Path(state_dir, ENV_FILE).stat().st_mode) == 0o600
+    for name in (SECRET_ENV_FILE, SECRET_SHELL_ENV_FILE):
+        assert not Path(container_dir(state_dir, MAIN), name).exists(), name
+    assert not Path(state_dir, "keys/env.pass").exists()
+    assert stat.S_IMODE(Path(container_dir(state_dir, MAIN), ENV_FILE).stat().st_mode) == 0o600
 
 
 def test_secrets_need_a_passphrase() -> None:
@@ -405,8 +453,8 @@ def test_a_secret_overridden_by_a_plain_value_is_plain_and_vice_versa() -> None:
     )
     user_data = build_user_data(spec, gpus=False, secret_passphrase=PASSPHRASE)
     written = files(user_data)
-    assert parse_env_file(written[f"{STATE_DIR}/{ENV_FILE}"]["content"]) == {"A": "p1"}
-    sealed = written[f"{STATE_DIR}/{SECRET_ENV_FILE}.sealed"]["content"]
+    assert parse_env_file(written[cfile(STATE_DIR, ENV_FILE)]["content"]) == {"A": "p1"}
+    sealed = written[cfile(STATE_DIR, SECRET_ENV_FILE) + ".sealed"]["content"]
     opened = sealed_env.unseal(base64.b64decode(sealed), PASSPHRASE).decode()
     assert parse_env_file(opened) == {"B": "s2"}
     assert "s1" not in user_data and "s2" not in user_data
@@ -414,7 +462,7 @@ def test_a_secret_overridden_by_a_plain_value_is_plain_and_vice_versa() -> None:
 
 def test_last_definition_of_a_variable_wins() -> None:
     spec = make_spec(env=(EnvVar("A", "1"), EnvVar("B", "2"), EnvVar("A", "3")))
-    content = files(build_user_data(spec, gpus=False))[f"{STATE_DIR}/{ENV_FILE}"]["content"]
+    content = files(build_user_data(spec, gpus=False))[cfile(STATE_DIR, ENV_FILE)]["content"]
     assert parse_env_file(content) == {"B": "2", "A": "3"}
 
 
@@ -450,7 +498,9 @@ def test_values_too_long_for_an_env_file_line_are_exported(tmp_path: Path, state
     user_data = build_user_data(spec, gpus=False, state_dir=state_dir, secret_passphrase=PASSPHRASE)
     got = run_on_fake_vm(tmp_path, user_data)
     assert got["env"] == {"LONG": long}
-    assert parse_env_file(Path(state_dir, ENV_FILE).read_text()) == {"SHORT": "s"}
+    assert parse_env_file(Path(container_dir(state_dir, MAIN), ENV_FILE).read_text()) == {
+        "SHORT": "s"
+    }
 
 
 def test_a_value_longer_than_linux_allows_is_invalid() -> None:
@@ -462,7 +512,7 @@ def test_a_value_longer_than_linux_allows_is_invalid() -> None:
 
 def test_dotted_names_with_single_line_values_are_fine() -> None:
     spec = make_spec(env=(EnvVar("my.var-x", "v"),))
-    content = files(build_user_data(spec, gpus=False))[f"{STATE_DIR}/{ENV_FILE}"]["content"]
+    content = files(build_user_data(spec, gpus=False))[cfile(STATE_DIR, ENV_FILE)]["content"]
     assert parse_env_file(content) == {"my.var-x": "v"}
 
 
@@ -506,9 +556,12 @@ def test_any_text_round_trips_through_yaml_and_shell(
     spec = make_spec(args=tuple(args), env=(EnvVar("VALUE", value, True),))
     user_data = build_user_data(spec, gpus=False, state_dir=state_dir, secret_passphrase=PASSPHRASE)
     got = run_on_fake_vm(tmp_path, user_data)
-    env_file = f"{state_dir}/{ENV_FILE}"
-    secret_file = f"{state_dir}/{SECRET_ENV_FILE}" if "VALUE" not in got["env"] else None
-    expected = docker_run_argv(spec, gpus=False, env_file=env_file, secret_env_file=secret_file)
+    env_files = [cfile(state_dir, ENV_FILE)]
+    if "VALUE" not in got["env"]:
+        env_files.append(cfile(state_dir, SECRET_ENV_FILE))
+    expected = app_argv(
+        spec, gpus=False, env_files=env_files, exported=tuple(got["env"]), state_dir=state_dir
+    )
     assert got["argv"] == expected[1:]
     assert received_env(got)["VALUE"] == value
 
@@ -522,11 +575,11 @@ def test_yaml_keeps_every_character(args: list[str], value: str) -> None:
     script = written[f"{STATE_DIR}/{RUN_SCRIPT}"]["content"]
     for arg in args:
         assert shlex.quote(arg) in script
-    exported = written.get(f"{STATE_DIR}/{SHELL_ENV_FILE}")
+    exported = written.get(cfile(STATE_DIR, SHELL_ENV_FILE))
     if exported is not None:
         assert f"export VALUE={shlex.quote(value)}\n" in exported["content"]
     else:
-        assert f"\nVALUE={value}\n" in written[f"{STATE_DIR}/{ENV_FILE}"]["content"]
+        assert f"\nVALUE={value}\n" in written[cfile(STATE_DIR, ENV_FILE)]["content"]
 
 
 # --- the boot script's phases -------------------------------------------------------------
@@ -557,9 +610,9 @@ def test_the_container_is_detached_kept_and_waited_for(tmp_path: Path, state_dir
     spec = make_spec()
     got = run_on_fake_vm(tmp_path, build_user_data(spec, gpus=True, state_dir=state_dir))
     assert "--rm" not in got["argv"]
-    assert got["argv"][got["argv"].index("--restart") + 1] == "no"
+    assert got["argv"][got["argv"].index("--restart") + 1] == "always"  # Docker restarts it
     assert "--detach" in got["argv"]
-    assert got["phase"] == "exited the container exited with 0\n"
+    assert got["phase"] == "exited the pod's app containers exited (exit code 0)\n"
     calls = (tmp_path / "vm" / "calls").read_text()
     assert "nvidia-smi -L" in calls
     assert "apt-get" not in calls  # the runtime is there: nothing installed
@@ -618,9 +671,10 @@ def test_cpu_pods_skip_the_gpu_checks(tmp_path: Path, state_dir: str) -> None:
 def test_a_failed_docker_run_records_its_code_and_error(tmp_path: Path, state_dir: str) -> None:
     user_data = build_user_data(make_spec(), gpus=False, state_dir=state_dir)
     got = run_on_fake_vm(tmp_path, user_data, env={"FAKE_DOCKER_RUN_EXIT": "125"})
-    assert got["phase"] == "failed-start docker run exited with 125\n"
+    assert got["phase"] == f"failed-start docker run of {MAIN} exited with 125\n"
     assert Path(state_dir, "exit-code").read_text() == "125\n"
-    assert "pull access denied" in Path(state_dir, "start-error").read_text()
+    error = Path(container_dir(state_dir, MAIN), "start-error").read_text()
+    assert "pull access denied" in error
 
 
 def test_the_boot_waits_for_the_key_then_opens_the_secrets(tmp_path: Path, state_dir: str) -> None:

@@ -48,6 +48,7 @@ from tests.contract.harness_lambda import (
     spec_path,
 )
 from tests.unit import canary
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -59,6 +60,7 @@ from vk_provider.domain.errors import (
     Transient,
 )
 from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
+from vk_provider.domain.placement import PodShape
 from vk_provider.settings.secrets import ConfigError
 
 UID = "0f5e2a8c-1b2d-4e6f-8a9b-0c1d2e3f4a5b"
@@ -823,6 +825,31 @@ async def test_logs_come_from_the_vm(fake: FakeLambda, provider: LambdaCloudProv
     assert fake.vms.log_options == [options]  # tail, follow, timestamps: docker logs' own
 
 
+async def test_lambda_runs_whole_pods_but_cannot_probe_them(provider: LambdaCloudProvider) -> None:
+    capabilities = provider.capabilities
+    whole = (capabilities.multi_container, capabilities.init_containers, capabilities.sidecars)
+    assert whole == (True, True, True)
+    assert capabilities.probes == "none"  # the agent cannot reach the containers' ports
+    assert not capabilities.previous_logs  # Docker keeps one log across restarts
+    assert not (capabilities.exec or capabilities.port_forward or capabilities.usage)
+    # So placement offers every pod shape to Lambda (the shape filter passes it).
+    shape = PodShape(app_containers=2, init_containers=1, sidecars=1, field="spec.containers[1]")
+    assert shape.runs_on(capabilities)
+
+
+async def test_logs_are_per_container_and_there_is_no_previous_run(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    instance_id = fake.add_instance(tags=ours(), status="active")
+    fake.vms.log_lines[instance_id] = list(lines("sidecar says"))
+    options = LogOptions(container="proxy")
+    assert [chunk async for chunk in provider.logs(instance_id, options)] == [b"sidecar says\n"]
+    assert fake.vms.log_options == [options]  # the container goes to docker logs (vmwatch)
+    with pytest.raises(NotFound, match="no previous run"):
+        async for _ in provider.logs(instance_id, LogOptions(container="proxy", previous=True)):
+            pass
+
+
 async def test_logs_of_a_booting_or_unknown_vm_are_not_found(
     fake: FakeLambda, provider: LambdaCloudProvider
 ) -> None:
@@ -988,7 +1015,12 @@ async def test_no_canary_leaks_from_any_error_path(
     )
     instance_id = fake.add_instance(tags=ours(attempt=7))
     offer = await a10(adapter)
-    workload = make_spec(env=(EnvVar("HF_TOKEN", canary.SECRET, secret=True),))
+    secret = (EnvVar("HF_TOKEN", canary.SECRET, secret=True),)
+    # A whole pod: the secret is an init container's (every container's are redacted).
+    workload = make_spec(
+        containers=(ContainerSpec("main", "img:1"),),
+        init_containers=(ContainerSpec("fetch", "img:1", env=secret),),
+    )
     if isinstance(answer, Exception):
         transport.only = {
             "instance-types": "/instance-types",

@@ -32,8 +32,10 @@ from typing import Any
 import pytest
 import yaml
 
-from providers.cloud_init import container_name_for
+from providers.boot_script import INSPECT_FORMAT as INSPECT_STATUS
+from providers.docker_run import container_name_for, sandbox_name_for
 from providers.lambda_cloud.adapter import LambdaCloudProvider
+from providers.lambda_cloud.remote import INSPECT_FORMAT
 from providers.transport import RetryPolicy
 from tests.contract.harness_lambda import (
     API_KEY,
@@ -44,6 +46,7 @@ from tests.contract.harness_lambda import (
 from tests.helpers import wait_for
 from tests.openssh import Sshd, SshdBinary, SshdUnavailable, ensure_sshd, free_port
 from tests.unit import canary
+from vk_provider.domain.containers import ContainerSpec, ContainerState
 from vk_provider.domain.errors import NotFound, Transient
 from vk_provider.domain.models import EnvVar, Instance, InstanceState, LogOptions, WorkloadSpec
 
@@ -61,11 +64,15 @@ command = args[0] if args else ""
 if command == "inspect":
     name = args[-1]
     try:
-        state = open(at("containers", name + ".json")).read()
+        inspected = json.load(open(at("containers", name + ".json")))
     except FileNotFoundError:
         print("Error: No such object: " + name, file=sys.stderr)
         sys.exit(1)
-    print(state.strip())
+    form = args[args.index("--format") + 1] if "--format" in args else ""
+    if form == {status_format!r}:  # run.sh's
+        print(inspected["State"]["Status"], inspected["State"]["ExitCode"])
+    else:  # the probe's format, or none: what the test wrote
+        print(json.dumps(inspected))
 elif command == "logs":
     name = args[-1]
     stamp = "2026-12-01T10:00:00.000000000Z " if "--timestamps" in args else ""
@@ -98,21 +105,18 @@ elif command == "run":
                    "env_files": {{f: open(f).read() for f in files}}}}, out)
     os.makedirs(at("containers"), exist_ok=True)
     with open(at("containers", name + ".json"), "w") as out:
-        json.dump({{"Status": "running", "Running": True, "ExitCode": 0, "Error": "",
-                   "StartedAt": "2026-12-01T10:00:00.5Z",
-                   "FinishedAt": "0001-01-01T00:00:00Z"}}, out)
+        json.dump({{"State": {{"Status": "running", "Running": True, "ExitCode": 0,
+                   "Error": "", "StartedAt": "2026-12-01T10:00:00.5Z",
+                   "FinishedAt": "0001-01-01T00:00:00Z"}}, "RestartCount": 0}}, out)
     print("0123abcd")
-elif command == "wait":
-    name = args[-1]
-    while True:
-        state = json.load(open(at("containers", name + ".json")))
-        if state["Status"] == "exited":
-            print(state["ExitCode"])
-            break
-        time.sleep(0.05)
 elif command == "info" and "--format" in args:
     print(json.dumps({{"runc": {{}}, "nvidia": {{"path": "nvidia-container-runtime"}}}}))
 """
+
+# run.sh's own format (braces doubled: FAKE_DOCKER is a str.format template).
+FAKE_DOCKER = FAKE_DOCKER.replace(
+    "{status_format!r}", repr(INSPECT_STATUS).replace("{", "{{").replace("}", "}}")
+)
 
 FAKE_SUDO = '#!/bin/sh\n[ "$1" = -n ] && shift\nexec "$@"\n'
 FAKE_NVIDIA_SMI = "#!/bin/sh\necho 'GPU 0: NVIDIA A10 (UUID: GPU-0)'\n"
@@ -141,7 +145,11 @@ class FakeVm:
 
     @property
     def container(self) -> str:
-        return container_name_for(self.request_id)
+        """The pod's sandbox (what the probe is given)."""
+        return sandbox_name_for(self.request_id)
+
+    def docker_name(self, name: str = "main") -> str:
+        return container_name_for(self.request_id, name)
 
     @property
     def state(self) -> Path:
@@ -151,27 +159,48 @@ class FakeVm:
         self.state.mkdir(parents=True, exist_ok=True)
         (self.state / "phase").write_text(text + "\n")
 
-    def container_state(self, status: str, exit_code: int = 0, error: str = "") -> None:
+    def ended(self, code: int, message: str = "the pod's app containers exited") -> None:
+        """What run.sh leaves when the pod has ended."""
+        self.phase(f"exited {message} (exit code {code})")
+        (self.state / "exit-code").write_text(f"{code}\n")
+
+    def container_state(
+        self,
+        status: str,
+        exit_code: int = 0,
+        error: str = "",
+        *,
+        name: str = "main",
+        restarts: int = 0,
+    ) -> None:
+        """``docker inspect`` of one container, shaped as Docker answers (``.State`` as its
+        API's ContainerState, ``RestartCount`` beside it)."""
         (self.root / "containers").mkdir(exist_ok=True)
-        finished = "2026-12-01T10:05:00.25Z" if status == "exited" else "0001-01-01T00:00:00Z"
+        ended = status in ("exited", "restarting")
         state = {
             "Status": status,
-            "Running": status == "running",
+            "Running": status in ("running", "restarting"),
+            "Paused": False,
+            "Restarting": status == "restarting",
+            "OOMKilled": False,
+            "Dead": False,
+            "Pid": 4242 if status == "running" else 0,
             "ExitCode": exit_code,
             "Error": error,
-            "OOMKilled": False,
             "StartedAt": "2026-12-01T10:00:00.123456789Z",
-            "FinishedAt": finished,
+            "FinishedAt": "2026-12-01T10:05:00.25Z" if ended else "0001-01-01T00:00:00Z",
         }
-        (self.root / "containers" / f"{self.container}.json").write_text(json.dumps(state))
+        inspected = {"State": state, "RestartCount": restarts}
+        path = self.root / "containers" / f"{self.docker_name(name)}.json"
+        path.write_text(json.dumps(inspected))
 
-    def log(self, *lines: str) -> None:
+    def log(self, *lines: str, name: str = "main") -> None:
         (self.root / "logs").mkdir(exist_ok=True)
-        with (self.root / "logs" / f"{self.container}.log").open("a") as out:
+        with (self.root / "logs" / f"{self.docker_name(name)}.log").open("a") as out:
             out.write("".join(line + "\n" for line in lines))
 
-    def end_log(self) -> None:
-        (self.root / "logs" / f"{self.container}.done").touch()
+    def end_log(self, name: str = "main") -> None:
+        (self.root / "logs" / f"{self.docker_name(name)}.done").touch()
 
     def docker_calls(self) -> list[list[str]]:
         path = self.root / "calls"
@@ -319,14 +348,21 @@ async def launched_vm(
     *,
     attempt: int = 0,
     host_key: str | None = None,
+    workload: WorkloadSpec | None = None,
 ) -> FakeVm:
     """A VM launched through the adapter, active, with its sshd up (as Lambda would)."""
     offer = next(o for o in await provider.offers() if o.sku == "gpu_1x_a10")
-    instance = await provider.create(spec(attempt), offer)
+    instance = await provider.create(workload or spec(attempt), offer)
     fake.instances[instance.instance_id]["status"] = "active"
     body = fake.launch_bodies[-1]
-    private = yaml.safe_load(body["user_data"])["ssh_keys"]["ed25519_private"]
-    return vms.start(fake, provider, instance.instance_id, host_key=host_key or private)
+    user_data = yaml.safe_load(body["user_data"])
+    private = user_data["ssh_keys"]["ed25519_private"]
+    vm = vms.start(fake, provider, instance.instance_id, host_key=host_key or private)
+    for entry in user_data["write_files"]:  # the pod's layout, as cloud-init writes it
+        if entry["path"].endswith("/pod.list"):
+            vm.state.mkdir(parents=True, exist_ok=True)
+            (vm.root / entry["path"]).write_text(entry["content"])
+    return vm
 
 
 # --- states ---------------------------------------------------------------------------------
@@ -343,9 +379,10 @@ async def test_a_running_container_is_running(
     assert got.started_at is not None and got.started_at.isoformat().startswith("2026-12-01T10")
     (listed,) = await provider.list_ours()
     assert listed.state is InstanceState.RUNNING
-    assert ["inspect", "--type", "container", "--format", "{{json .State}}", vm.container] in (
-        vm.docker_calls()
-    )
+    inspect = ["inspect", "--type", "container", "--format", INSPECT_FORMAT, vm.docker_name()]
+    assert inspect in vm.docker_calls()
+    (main,) = got.containers
+    assert (main.name, main.state, main.restart_count) == ("main", ContainerState.RUNNING, 0)
 
 
 @pytest.mark.parametrize("code", [0, 3])
@@ -357,8 +394,10 @@ async def test_an_exited_container_is_exited_with_its_code(
     vm.container_state("running")
     assert (await provider.get(vm.instance_id)).state is InstanceState.RUNNING
     vm.container_state("exited", exit_code=code)
+    vm.ended(code)
     got = await provider.get(vm.instance_id)
     assert (got.state, got.exit_code) == (InstanceState.EXITED, code)
+    assert got.containers[0].exit_code == code
     assert got.finished_at is not None
     # The exit is final: the VM stopping to answer does not undo it, and the agent's release
     # terminates the VM at once.
@@ -372,7 +411,7 @@ async def test_an_exited_container_is_exited_with_its_code(
     ("phase", "container", "start_error", "state", "code", "message"),
     [
         (
-            "failed-start docker run exited with 125",
+            "failed-start docker run of main exited with 125",
             None,
             "docker: Error response from daemon: pull access denied for registry.example/job",
             InstanceState.EXITED,
@@ -380,11 +419,11 @@ async def test_an_exited_container_is_exited_with_its_code(
             "pull access denied",
         ),
         (
-            "failed-start docker run exited with 125",
+            "failed-start docker run of main exited with 125",
             ("created", 128, 'could not select device driver "" with capabilities: [[gpu]]'),
             "",
             InstanceState.EXITED,
-            128,
+            125,
             "could not select device driver",
         ),
         (
@@ -411,12 +450,17 @@ async def test_a_container_that_never_starts_says_why(
     vm = await launched_vm(fake, provider, vms)
     vm.phase(phase)
     if start_error:
-        (vm.state / "start-error").write_text(start_error + "\n")
+        (vm.state / "containers" / "main").mkdir(parents=True)
+        (vm.state / "containers" / "main" / "start-error").write_text(start_error + "\n")
     if container is not None:
         vm.container_state(container[0], container[1], container[2])
     got = await provider.get(vm.instance_id)
     assert (got.state, got.exit_code) == (state, code), got.message
     assert message in got.message
+    if state is InstanceState.EXITED:  # the container that could not start says so
+        (main,) = got.containers
+        assert (main.state, main.reason) == (ContainerState.TERMINATED, "StartError")
+        assert message in main.message
 
 
 @pytest.mark.parametrize(
@@ -470,6 +514,75 @@ def _passphrases(provider: LambdaCloudProvider, vm: FakeVm) -> set[str]:
     return {key.env_passphrase(vm.request_id)}
 
 
+def whole_pod() -> WorkloadSpec:
+    """An init container, a native sidecar and two app containers."""
+    return spec(
+        init_containers=(
+            ContainerSpec("fetch", "registry.example/fetch:1"),
+            ContainerSpec("proxy", "registry.example/proxy:1", restart_policy="Always"),
+        ),
+        containers=(
+            ContainerSpec("main", "registry.example/job:1", gpu_count=1),
+            ContainerSpec("exporter", "registry.example/exporter:1"),
+        ),
+    )
+
+
+async def test_every_container_of_a_whole_pod_is_read_in_one_probe(
+    fake: FakeLambda, provider: LambdaCloudProvider, vms: FakeVms
+) -> None:
+    vm = await launched_vm(fake, provider, vms, workload=whole_pod())
+    vm.phase("running starting the app containers")
+    vm.container_state("exited", 0, name="fetch")
+    vm.container_state("running", name="proxy", restarts=2)
+    vm.container_state("restarting", 1, name="main", restarts=3)
+    # exporter: not created yet
+    calls = len(vm.docker_calls())
+    logins = vm.sshd.logins()
+    got = await provider.get(vm.instance_id)
+    assert got.state is InstanceState.RUNNING, got.message
+    fetch, proxy = got.init_containers
+    assert (fetch.name, fetch.state, fetch.exit_code, fetch.reason) == (
+        "fetch",
+        ContainerState.TERMINATED,
+        0,
+        "Completed",
+    )
+    assert (proxy.name, proxy.state, proxy.restart_count) == ("proxy", ContainerState.RUNNING, 2)
+    (main,) = got.containers  # the exporter is not reported: the agent shows it waiting
+    assert (main.state, main.reason, main.restart_count) == (
+        ContainerState.WAITING,
+        "CrashLoopBackOff",
+        3,
+    )
+    assert main.last_termination is not None and main.last_termination.exit_code == 1
+    # One SSH round trip: every container inspected by its name, in the pod's order.
+    inspected = [c[-1] for c in vm.docker_calls()[calls:] if c[0] == "inspect"]
+    names = ("fetch", "proxy", "main", "exporter")
+    assert inspected == [vm.docker_name(n) for n in names]
+    assert vm.sshd.logins() - logins <= 1
+
+
+async def test_logs_are_read_per_container(
+    fake: FakeLambda, provider: LambdaCloudProvider, vms: FakeVms
+) -> None:
+    vm = await launched_vm(fake, provider, vms, workload=whole_pod())
+    vm.phase("running starting the app containers")
+    for name in ("main", "exporter"):
+        vm.container_state("running", name=name)
+        vm.log(f"hello from {name}", name=name)
+        vm.end_log(name=name)
+    exporter = LogOptions(container="exporter")
+    assert [c async for c in provider.logs(vm.instance_id, exporter)] == [b"hello from exporter\n"]
+    # None: the first app container, as kubectl logs without -c on a one-app pod.
+    assert [c async for c in provider.logs(vm.instance_id, LogOptions())] == [b"hello from main\n"]
+    with pytest.raises(NotFound, match="no container"):
+        async for _ in provider.logs(vm.instance_id, LogOptions(container="fetch")):
+            pass
+    logged = [c[-1] for c in vm.docker_calls() if c[0] == "logs"]
+    assert logged == [vm.docker_name("exporter"), vm.docker_name("main")]
+
+
 # --- logs -------------------------------------------------------------------------------------
 
 
@@ -511,7 +624,7 @@ async def test_logs_follow_the_container_until_it_ends(
         stamp + b"epoch 4 has a 'quote' and a \\ backslash\n",
     ]
     (call,) = [c for c in vm.docker_calls() if c[0] == "logs"]
-    assert call == ["logs", "--tail", "2", "--timestamps", "--follow", vm.container]
+    assert call == ["logs", "--tail", "2", "--timestamps", "--follow", vm.docker_name()]
 
 
 async def test_logs_of_a_vm_without_a_container_yet_are_not_found(
@@ -622,8 +735,8 @@ async def test_one_poll_reads_every_vm_with_one_api_call(
     booting = await launched_vm(fake, provider, vms, attempt=2)
     running.phase("running the container runs")
     running.container_state("running")
-    exited.phase("exited the container exited with 7")
     exited.container_state("exited", exit_code=7)
+    exited.ended(7)
     fake.instances[booting.instance_id]["status"] = "booting"
     lists = len(fake.calls("list"))
     states = {i.instance_id: (i.state, i.exit_code) for i in await provider.list_ours()}
@@ -665,10 +778,15 @@ async def test_a_real_boot_gets_its_secrets_over_ssh_and_runs_the_container(
             target.write_text(entry["content"])
             target.chmod(int(entry["permissions"], 8))
         bin_dir = vm.root / "bin"
+        boot_env = {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "FAKE_VM": str(vm.root),
+            "VK_POD_POLL_SECONDS": "0.1",
+        }
         vm.processes.append(
             subprocess.Popen(
                 ["/bin/bash", user_data["runcmd"][0][-1]],
-                env={"PATH": f"{bin_dir}:/usr/bin:/bin", "FAKE_VM": str(vm.root)},
+                env=boot_env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
@@ -691,10 +809,8 @@ async def test_a_real_boot_gets_its_secrets_over_ssh_and_runs_the_container(
         received.update(run["env"])
         assert received == {"A": "1", "HF_TOKEN": canary.SECRET}
         assert not (state_dir / "keys" / "env.pass").exists()
-        assert not (state_dir / "secret-env.sh").exists()
-        (vm.root / "containers" / f"{vm.container}.json").write_text(
-            json.dumps({"Status": "exited", "ExitCode": 3, "FinishedAt": "2026-12-01T11:00:00Z"})
-        )
+        assert not (state_dir / "containers" / "main" / "secret.env").exists()
+        vm.container_state("exited", exit_code=3)
 
         async def exited() -> Instance | None:
             (got,) = await provider.list_ours()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import shlex
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +25,8 @@ from providers import sealed_env
 from providers.lambda_cloud.adapter import LambdaCloudProvider
 from providers.lambda_cloud.agentkey import KEY_FILE, AgentKey
 from providers.lambda_cloud.remote import (
+    INSPECT_FORMAT,
+    ContainerReport,
     ContainerState,
     MalformedProbe,
     VmReport,
@@ -33,7 +36,7 @@ from providers.lambda_cloud.remote import (
     probe_command,
 )
 from providers.lambda_cloud.ssh import VmTarget
-from providers.lambda_cloud.vmstate import verdict
+from providers.lambda_cloud.vmstate import container_status, verdict
 from tests.contract.harness_lambda import (
     API_KEY,
     FAILURES,
@@ -45,6 +48,8 @@ from tests.contract.harness_lambda import (
     openapi,
 )
 from tests.unit import canary
+from vk_provider.domain.containers import ContainerState as Runtime
+from vk_provider.domain.containers import ContainerStatus, Termination
 from vk_provider.domain.errors import AuthFailed, Transient
 from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, WorkloadSpec
 from vk_provider.settings.secrets import ConfigError, SecretRef
@@ -100,60 +105,125 @@ def spec(**overrides: Any) -> WorkloadSpec:
     return WorkloadSpec(**fields)
 
 
+def report_of(*containers: ContainerReport, phase: str = "running", **more: Any) -> VmReport:
+    return VmReport(phase=phase, containers=containers, **more)
+
+
+def app(status: str, code: int = 0, *, name: str = "c", **more: Any) -> ContainerReport:
+    return ContainerReport("app", name, ContainerState(status, code, **more))
+
+
 def container(status: str, code: int = 0, **more: Any) -> VmReport:
-    return VmReport(phase="running", container=ContainerState(status, code, **more))
+    """A one-container pod whose container is ``status``; the boot script's phase follows."""
+    if status in ("exited", "dead"):
+        return report_of(app(status, code, **more), phase="exited", exit_code=str(code))
+    return report_of(app(status, code, **more))
 
 
-# --- the state table, edge by edge -----------------------------------------------------------
+T0 = datetime(2026, 12, 1, 10, tzinfo=UTC)
+T1 = datetime(2026, 12, 1, 10, 5, tzinfo=UTC)
+
+
+# --- the state tables, edge by edge ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("report", "state", "code", "words"),
     [
         (container("running"), InstanceState.RUNNING, None, ""),
-        (container("paused"), InstanceState.RUNNING, None, "paused"),
-        (container("restarting"), InstanceState.RUNNING, None, "restarting"),
-        (container("exited", 0), InstanceState.EXITED, 0, "exited with 0"),
-        (container("exited", 3), InstanceState.EXITED, 3, "exited with 3"),
-        (container("exited", 137, oom_killed=True), InstanceState.EXITED, 137, "OOMKilled"),
-        (container("dead", 1), InstanceState.EXITED, 1, "exited with 1"),
-        (container("removing", 2), InstanceState.EXITED, 2, "exited with 2"),
-        (container("created", 0, error="no gpu driver"), InstanceState.EXITED, 128, "no gpu"),
-        (container("created", 127, error="exec: not found"), InstanceState.EXITED, 127, "exec"),
-        (container("created"), InstanceState.PENDING, None, "starting"),
-        (
-            VmReport(phase="failed-start", phase_message="docker run exited with 125",
-                     start_error="pull access denied"),
-            InstanceState.EXITED, 125, "pull access denied",
-        ),
-        (
-            VmReport(phase="failed-start", phase_message="odd"),
-            InstanceState.EXITED, 125, "docker run failed",
-        ),
-        (
-            VmReport(phase="failed-host", phase_message="no NVIDIA GPU is usable"),
-            InstanceState.LOST, None, "no NVIDIA GPU",
-        ),
-        (VmReport(phase="running"), InstanceState.LOST, None, "vanished"),
-        (VmReport(phase="exited"), InstanceState.LOST, None, "vanished"),
-        (VmReport(phase="running", docker_error="Cannot connect"), None, None, "does not answer"),
+        (report_of(ContainerReport("init", "fetch", ContainerState("running", 0)),
+                   phase="initializing", phase_message="running init container fetch"),
+         InstanceState.RUNNING, None, "init container fetch"),
+        (report_of(app("exited", 3), phase="exited", exit_code="3",
+                   phase_message="the pod's app containers exited (exit code 3)"),
+         InstanceState.EXITED, 3, "exit code 3"),
+        (report_of(ContainerReport("init", "fetch", ContainerState("exited", 4)), phase="exited",
+                   exit_code="4", phase_message="init container fetch failed with 4"),
+         InstanceState.EXITED, 4, "fetch failed with 4"),
+        (report_of(app("exited", 0), phase="exited", exit_code="odd"),
+         InstanceState.EXITED, 1, ""),
+        (report_of(ContainerReport("app", "c", start_error="pull access denied"),
+                   phase="failed-start", phase_message="docker run of c exited with 125",
+                   exit_code="125"),
+         InstanceState.EXITED, 125, "pull access denied"),
+        (VmReport(phase="failed-start", phase_message="docker run of the pod sandbox exited with 1",
+                  start_error="no such image"),
+         InstanceState.EXITED, 1, "no such image"),
+        (VmReport(phase="failed-start", phase_message="odd"), InstanceState.EXITED, 125, "odd"),
+        (VmReport(phase="failed-host", phase_message="no NVIDIA GPU is usable"),
+         InstanceState.LOST, None, "no NVIDIA GPU"),
+        (report_of(ContainerReport("app", "c")), InstanceState.LOST, None, "vanished"),
+        (report_of(phase="initializing"), InstanceState.LOST, None, "vanished"),
+        (report_of(phase="exited"), InstanceState.LOST, None, "vanished"),
+        (report_of(ContainerReport("app", "c", docker_error="Cannot connect")),
+         None, None, "does not answer"),
         (VmReport(), InstanceState.PENDING, None, "cloud-init"),
         (VmReport(phase="setup", phase_message="installing Docker"),
          InstanceState.PENDING, None, "installing Docker"),
         (VmReport(phase="waiting-key"), InstanceState.PENDING, None, "secret environment"),
         (VmReport(phase="pulling"), InstanceState.PENDING, None, "pulling"),
-        (VmReport(phase="starting"), InstanceState.PENDING, None, "starting"),
-        (VmReport(phase="setup", docker_error="Cannot connect"),
+        (VmReport(phase="starting"), InstanceState.PENDING, None, "sandbox"),
+        (report_of(ContainerReport("app", "c", docker_error="Cannot connect"), phase="setup"),
          InstanceState.PENDING, None, "preparing"),
         (VmReport(phase="hibernating", phase_message="zz"), InstanceState.PENDING, None, "zz"),
     ],
 )  # fmt: skip
-def test_every_edge_of_the_state_table(
+def test_every_edge_of_the_instance_table(
     report: VmReport, state: InstanceState | None, code: int | None, words: str
 ) -> None:
     found = verdict(report)
     assert (found.state, found.exit_code) == (state, code), found
     assert words in found.message
+
+
+W, R, X = Runtime.WAITING, Runtime.RUNNING, Runtime.TERMINATED
+
+
+@pytest.mark.parametrize(
+    ("report", "expected"),
+    [
+        (app("running", started_at=T0, restart_count=2),
+         ContainerStatus("c", R, started_at=T0, restart_count=2)),
+        (app("paused", started_at=T0), ContainerStatus("c", R, started_at=T0)),
+        (app("restarting", 3, started_at=T0, finished_at=T1, restart_count=1),
+         ContainerStatus("c", W, "CrashLoopBackOff", "back-off restarting failed container c",
+                         restart_count=1,
+                         last_termination=Termination(3, "Error", "", T0, T1))),
+        (app("exited", 0, started_at=T0, finished_at=T1),
+         ContainerStatus("c", X, "Completed", exit_code=0, started_at=T0, finished_at=T1)),
+        (app("exited", 3, restart_count=4),
+         ContainerStatus("c", X, "Error", exit_code=3, restart_count=4)),
+        (app("exited", 137, oom_killed=True),
+         ContainerStatus("c", X, "OOMKilled", exit_code=137)),
+        (app("dead", 1), ContainerStatus("c", X, "Error", exit_code=1)),
+        (app("removing", 2), ContainerStatus("c", X, "Error", exit_code=2)),
+        (app("created", 0, error="no gpu driver"),
+         ContainerStatus("c", X, "StartError", "no gpu driver", exit_code=128)),
+        (app("created", 127, error="exec: not found"),
+         ContainerStatus("c", X, "StartError", "exec: not found", exit_code=127)),
+        (app("created"), ContainerStatus("c", W, "ContainerCreating")),
+        (ContainerReport("app", "c", start_error="pull access denied"),
+         ContainerStatus("c", X, "StartError", "pull access denied", exit_code=128)),
+        (ContainerReport("app", "c"), None),
+    ],
+)  # fmt: skip
+def test_every_edge_of_the_container_table(
+    report: ContainerReport, expected: ContainerStatus | None
+) -> None:
+    assert container_status(report) == expected
+
+
+def test_each_container_is_reported_in_its_place() -> None:
+    report = report_of(
+        ContainerReport("init", "fetch", ContainerState("exited", 0, started_at=T0)),
+        ContainerReport("sidecar", "proxy", ContainerState("running", 0, started_at=T1)),
+        app("running", name="model", started_at=T1),
+        ContainerReport("app", "exporter"),  # not created yet: not reported
+    )
+    found = verdict(report)
+    assert [c.name for c in found.init_containers] == ["fetch", "proxy"]
+    assert [c.name for c in found.containers] == ["model"]
+    assert found.started_at == T0 and found.finished_at is None
 
 
 # --- the probe's text ------------------------------------------------------------------------
@@ -163,28 +233,90 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+# ``docker inspect --format INSPECT_FORMAT`` of real containers: ``.State`` as Docker's API
+# documents ContainerState (a running one: zero FinishedAt), and ``RestartCount``.
+RUNNING_STATE = {
+    "Status": "running", "Running": True, "Paused": False, "Restarting": False,
+    "OOMKilled": False, "Dead": False, "Pid": 12680, "ExitCode": 0, "Error": "",
+    "StartedAt": "2019-03-07T03:59:12.405871518Z", "FinishedAt": "0001-01-01T00:00:00Z",
+}  # fmt: skip
+EXITED_STATE = {
+    "Status": "exited", "Running": False, "Paused": False, "Restarting": False,
+    "OOMKilled": False, "Dead": False, "Pid": 0, "ExitCode": 3, "Error": "",
+    "StartedAt": "2026-12-01T09:59:00.5Z", "FinishedAt": "2026-12-01T10:00:00.123456789+02:00",
+}  # fmt: skip
+
+
+def _inspect(state: object, restarts: object = 0) -> str:
+    return json.dumps({"State": state, "RestartCount": restarts})
+
+
+def _line(kind: str, name: str, rc: int, out: str, error: str = "-") -> str:
+    return f"container {kind} {name} {rc} {_b64(out) if out else '-'} {error}\n"
+
+
 def test_the_probe_output_is_parsed() -> None:
-    state = {"Status": "exited", "ExitCode": 3, "Error": "", "StartedAt": "0001-01-01T00:00:00Z",
-             "FinishedAt": "2026-12-01T10:00:00.123456789+02:00", "OOMKilled": False}  # fmt: skip
     output = (
-        f"phase {_b64('exited the container exited with 3')}\n"
-        f"start-error -\ninspect 0 {_b64(json.dumps(state))}\nend\n"
+        f"phase {_b64('running starting the app containers')}\n"
+        f"exit-code -\nsandbox-error -\n"
+        + _line("init", "fetch", 0, _inspect(EXITED_STATE))
+        + _line("sidecar", "proxy", 0, _inspect(RUNNING_STATE, 5))
+        + _line("app", "model", 1, "Error: No such object: vk-x.model", _b64("pull denied"))
+        + _line("app", "exporter", 1, "Cannot connect to the Docker daemon")
+        + "end\n"
     )
     report = parse_probe(output)
-    assert (report.phase, report.phase_message) == ("exited", "the container exited with 3")
-    assert report.container == ContainerState(
-        "exited", 3, finished_at=datetime(2026, 12, 1, 8, 0, 0, 123456, tzinfo=UTC)
+    assert (report.phase, report.phase_message) == ("running", "starting the app containers")
+    fetch, proxy, model, exporter = report.containers
+    assert fetch == ContainerReport(
+        "init",
+        "fetch",
+        ContainerState(
+            "exited",
+            3,
+            started_at=datetime(2026, 12, 1, 9, 59, 0, 500000, tzinfo=UTC),
+            finished_at=datetime(2026, 12, 1, 8, 0, 0, 123456, tzinfo=UTC),
+        ),
     )
-    missing = parse_probe(f"phase -\nstart-error -\ninspect 1 {_b64('Error: No such object')}\nend")
-    assert missing.container is None and missing.docker_error == ""
-    down = parse_probe(f"phase -\ninspect 1 {_b64('Cannot connect to the Docker daemon')}\nend")
-    assert "Cannot connect" in down.docker_error
+    assert proxy.state == ContainerState(
+        "running",
+        0,
+        started_at=datetime(2019, 3, 7, 3, 59, 12, 405871, tzinfo=UTC),
+        restart_count=5,
+    )
+    assert (model.state, model.start_error, model.docker_error) == (None, "pull denied", "")
+    assert exporter.state is None and "Cannot connect" in exporter.docker_error
+    assert "Cannot connect" in report.docker_error and report.created
+
+
+@pytest.mark.parametrize(
+    ("inspected", "field"),
+    [
+        ("not json", "containers[c]: docker inspect printed no JSON"),
+        ("[1]", "containers[c]: docker inspect printed no object"),
+        (json.dumps({"RestartCount": 0}), "containers[c].State is missing"),
+        (_inspect({**RUNNING_STATE, "Status": "sleeping"}), "containers[c].State.Status"),
+        (_inspect({**RUNNING_STATE, "Status": None}), "containers[c].State.Status"),
+        (_inspect({**RUNNING_STATE, "ExitCode": "0"}), "containers[c].State.ExitCode"),
+        (_inspect({**RUNNING_STATE, "ExitCode": True}), "containers[c].State.ExitCode"),
+        (_inspect(RUNNING_STATE, -1), "containers[c].RestartCount"),
+        (_inspect(RUNNING_STATE, "2"), "containers[c].RestartCount"),
+        (_inspect({**RUNNING_STATE, "Error": 5}), "containers[c].State.Error"),
+        (_inspect({**RUNNING_STATE, "StartedAt": 5}), "containers[c].State.StartedAt"),
+        (_inspect({**RUNNING_STATE, "FinishedAt": "yesterday"}), "containers[c].State.FinishedAt"),
+    ],
+)
+def test_a_malformed_inspect_answer_names_the_field(inspected: str, field: str) -> None:
+    output = f"phase -\n{_line('app', 'c', 0, inspected)}end\n"
+    with pytest.raises(MalformedProbe, match=re.escape(field)):
+        parse_probe(output)
 
 
 @pytest.mark.parametrize(
     "output",
-    ["", "sudo: a password is required", "phase -\ninspect 0 e30=\n", "phase %%%\ninspect 0 -\nend",
-     "phase -\ninspect x -\nend", f"phase -\ninspect 0 {_b64('[1]')}\nend"],
+    ["", "sudo: a password is required", "phase -\n", "phase %%%\nend",
+     "phase -\ncontainer app c x - -\nend", "phase -\ncontainer pod c 0 - -\nend",
+     "phase -\ncontainer app c 0 -\nend", "phase -\ncontainer app c 0 %%% -\nend"],
 )  # fmt: skip
 def test_odd_probe_output_is_malformed(output: str) -> None:
     with pytest.raises(MalformedProbe):
@@ -206,17 +338,24 @@ def test_docker_times(text: object, expected: datetime | None) -> None:
 
 
 def test_commands_quote_everything_and_carry_no_secret() -> None:
-    probe = probe_command(user="ubuntu", state_dir="/var/lib/it's", container="vk-a.0")
+    probe = probe_command(user="ubuntu", state_dir="/var/lib/it's", sandbox="vk-a.0")
     argv = shlex.split(probe)
     assert argv[:4] == ["sudo", "-n", "sh", "-c"]
     assert argv[-2:] == ["/var/lib/it's", "vk-a.0"]
-    assert probe_command(user="root", state_dir="/s", container="c").startswith("sh -c")
+    assert INSPECT_FORMAT in argv[4] and "Config" not in argv[4]  # never the env's values
+    assert probe_command(user="root", state_dir="/s", sandbox="c").startswith("sh -c")
     options = LogOptions(tail_lines=10, since_seconds=60, timestamps=True, follow=True)
-    logs = shlex.split(logs_command(user="root", container="vk-a.0", options=options))
-    assert logs[3:] == ["vk-logs", "vk-a.0", "--tail", "10", "--since", "60s", "--timestamps",
-                        "--follow"]  # fmt: skip
-    plain = shlex.split(logs_command(user="root", container="c", options=LogOptions()))
-    assert plain[3:] == ["vk-logs", "c"]
+    logs = shlex.split(
+        logs_command(user="root", state_dir="/s", sandbox="vk-a.0", container="web",
+                     options=options)
+    )  # fmt: skip
+    assert logs[3:] == ["vk-logs", "/s", "vk-a.0", "web", "--tail", "10", "--since", "60s",
+                        "--timestamps", "--follow"]  # fmt: skip
+    plain = shlex.split(
+        logs_command(user="root", state_dir="/s", sandbox="c", container=None,
+                     options=LogOptions())
+    )  # fmt: skip
+    assert plain[3:] == ["vk-logs", "/s", "c", ""]
 
 
 # --- the per-VM memory -----------------------------------------------------------------------

@@ -16,6 +16,7 @@ from vk_provider.domain.containers import (
     ContainerUsage,
     Probe,
     Termination,
+    VolumeMount,
 )
 from vk_provider.domain.models import (
     Capabilities,
@@ -47,6 +48,7 @@ APP = ContainerSpec(
         kind="http", port=8000, path="/ready", scheme="HTTPS", headers=(("X-A", "b"),)
     ),
     liveness_probe=Probe(kind="grpc", port=9000, grpc_service="health", period_seconds=3),
+    volume_mounts=(VolumeMount("models", "/models", read_only=True, sub_path="v1"),),
 )
 SIDECAR = ContainerSpec(
     name="proxy",
@@ -54,7 +56,12 @@ SIDECAR = ContainerSpec(
     restart_policy="Always",
     liveness_probe=Probe("tcp", port=1),
 )
-INIT = ContainerSpec(name="migrate", image="example/app:1", command=("migrate",))
+INIT = ContainerSpec(
+    name="migrate",
+    image="example/app:1",
+    command=("migrate",),
+    volume_mounts=(VolumeMount("models", "/models"),),
+)
 
 SPEC = WorkloadSpec(
     pod_uid="uid-1",

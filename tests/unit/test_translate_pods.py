@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.unit.test_translate import make_pod, raises_on, secret, translate
-from vk_provider.domain.containers import Probe
+from vk_provider.domain.containers import Probe, VolumeMount
 from vk_provider.domain.placement import PodShape
 from vk_provider.domain.workload import held_resources, to_request
 
@@ -243,3 +243,47 @@ def test_a_plain_init_container_takes_no_probes_but_a_sidecar_may() -> None:
         pod_with([c("app")], init=[c("s", restartPolicy="Always", readinessProbe=probe)])
     )
     assert workload.init_containers[0].readiness_probe == Probe(kind="tcp", port=80)
+
+
+# --------------------------------------------------------------------------- emptyDir mounts
+
+
+def test_emptydir_mounts_are_read_per_container_and_the_token_volume_is_not() -> None:
+    token = {"name": "kube-api-access-x", "mountPath": "/var/run/secrets/x", "readOnly": True}
+    pod = pod_with(
+        [
+            c("model", volumeMounts=[{"name": "models", "mountPath": "/m", "readOnly": True}]),
+            c("exporter", volumeMounts=[{"name": "models", "mountPath": "/d", "subPath": "x/y"}]),
+        ],
+        init=[c("fetch", volumeMounts=[{"name": "models", "mountPath": "/m"}, token])],
+        volumes=[
+            {"name": "models", "emptyDir": {}},
+            {
+                "name": "kube-api-access-x",
+                "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]},
+            },
+        ],
+    )
+    spec = translate(pod)
+    (fetch,) = spec.init_containers
+    model, exporter = spec.containers
+    assert fetch.volume_mounts == (VolumeMount("models", "/m"),)  # no cluster credentials
+    assert model.volume_mounts == (VolumeMount("models", "/m", read_only=True),)
+    assert exporter.volume_mounts == (VolumeMount("models", "/d", sub_path="x/y"),)
+
+
+MOUNT = "spec.containers[0].volumeMounts[0]"
+
+
+@pytest.mark.parametrize(
+    ("mount", "field"),
+    [
+        ({"name": "v", "mountPath": "relative"}, f"{MOUNT}.mountPath"),
+        ({"name": "v", "mountPath": "/m", "subPath": "../up"}, f"{MOUNT}.subPath"),
+        ({"name": "v", "mountPath": "/m", "subPath": "/abs"}, f"{MOUNT}.subPath"),
+    ],
+)
+def test_bad_mounts_are_refused_naming_the_field(mount: dict[str, Any], field: str) -> None:
+    pod = pod_with([c("a", volumeMounts=[mount])], volumes=[{"name": "v", "emptyDir": {}}])
+    with raises_on(field):
+        translate(pod)

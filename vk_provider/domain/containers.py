@@ -42,6 +42,17 @@ class Probe:
 
 
 @dataclass(frozen=True, slots=True)
+class VolumeMount:
+    """An ``emptyDir`` volume of the pod mounted into one container (the service-account
+    token volume is never mounted: a rented machine gets no cluster credentials)."""
+
+    volume: str
+    mount_path: str
+    read_only: bool = False
+    sub_path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerSpec:
     name: str
     image: str
@@ -58,6 +69,9 @@ class ContainerSpec:
     startup_probe: Probe | None = None
     readiness_probe: Probe | None = None
     liveness_probe: Probe | None = None
+    # The pod's emptyDir volumes this container mounts; providers that share them between
+    # the pod's containers honour them (the others give each container its own filesystem).
+    volume_mounts: tuple[VolumeMount, ...] = ()
 
     @property
     def sidecar(self) -> bool:

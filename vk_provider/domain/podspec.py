@@ -11,8 +11,10 @@ Invariants: pure; every error names a field by its path in the pod (``spec.conta
 Deliberately ignored, not errors (the remote runtime cannot or need not honour them):
 - probes (liveness, readiness, startup) and ``lifecycle`` hooks (postStart, preStop);
 - ``stdin``, ``stdinOnce``, ``tty``, ``imagePullPolicy``, ``terminationMessage*``;
-- ``emptyDir`` volumes and the service-account token volume (``kube-api-access-*``) with their
-  mounts: the container gets its own writable filesystem and no cluster credentials;
+- the service-account token volume (``kube-api-access-*``) and its mounts: a rented machine
+  gets no cluster credentials. ``emptyDir`` mounts are read (``volume_mounts``) for providers
+  that share them between a pod's containers; the others give each container its own
+  writable filesystem;
 - service-link variables (``enableServiceLinks``): cluster Services are not reachable from a
   rented machine, so kubelet's ``FOO_SERVICE_HOST`` variables would only mislead.
 """
@@ -24,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Final
 
+from vk_provider.domain.containers import VolumeMount
 from vk_provider.domain.models import Port
 from vk_provider.domain.quantity import MAX_QUANTITY, parse_quantity
 
@@ -201,6 +204,44 @@ def allowed_volumes(spec: Mapping[str, Any]) -> frozenset[str]:
             )
         names.add(string_field(volume, "name", f"{field}.name"))
     return frozenset(names)
+
+
+def empty_dir_volumes(spec: Mapping[str, Any]) -> frozenset[str]:
+    """Names of the pod's emptyDir volumes (``allowed_volumes`` has refused other kinds)."""
+    names: set[str] = set()
+    for index, raw in enumerate(list_field(spec, "volumes", "spec.volumes")):
+        volume = item_field(raw, f"spec.volumes[{index}]")
+        if sorted(key for key in volume if key != "name") in ([], ["emptyDir"]):
+            names.add(string_field(volume, "name", f"spec.volumes[{index}].name"))
+    return frozenset(names)
+
+
+def volume_mounts(
+    container: Mapping[str, Any], empty_dirs: frozenset[str], *, path: str = CONTAINER
+) -> tuple[VolumeMount, ...]:
+    """The container's mounts of emptyDir volumes (``check_container`` has checked the names)."""
+    mounts: list[VolumeMount] = []
+    for index, raw in enumerate(list_field(container, "volumeMounts", f"{path}.volumeMounts")):
+        field = f"{path}.volumeMounts[{index}]"
+        entry = item_field(raw, field)
+        name = string_field(entry, "name", f"{field}.name")
+        if name not in empty_dirs:
+            continue  # the service-account token: deliberately not mounted
+        mount_path = string_field(entry, "mountPath", f"{field}.mountPath")
+        if not mount_path.startswith("/"):
+            raise InvalidPodSpec(f"{field}.mountPath", "must be an absolute path")
+        sub_path = string_field(entry, "subPath", f"{field}.subPath")
+        if sub_path.startswith("/") or ".." in sub_path.split("/"):
+            raise InvalidPodSpec(f"{field}.subPath", "must be a relative path without '..'")
+        mounts.append(
+            VolumeMount(
+                volume=name,
+                mount_path=mount_path,
+                read_only=flag(entry, "readOnly"),
+                sub_path=sub_path,
+            )
+        )
+    return tuple(mounts)
 
 
 def _is_service_account_volume(volume: Mapping[str, Any]) -> bool:

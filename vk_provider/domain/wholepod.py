@@ -13,7 +13,8 @@ only once the startup probe (if any) has passed; where nobody probes, ready whil
 
 Invariants: pure (``now`` is an input); a container the provider does not report yet is
 waiting (PodInitializing while init containers run, else ContainerCreating); restart counts
-never go down (the pod's recorded count is kept when a report has less).
+never go down (the pod's recorded count is kept when a report has less); a container's
+``lastState`` is kept while a report of the same restart count has none.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ def _state(reported: Reported, *, now: datetime) -> Running | Waiting | Terminat
 def _last(reported: Reported, recorded: ContainerStatus | None) -> Terminated | None:
     last = reported.last_termination
     if last is None:
-        return recorded.last_termination if recorded and reported.restart_count == 0 else None
+        # A report without it keeps the one recorded for the same run (a runtime such as
+        # Docker tells the last exit only while it waits to restart the container).
+        same_run = recorded is not None and reported.restart_count in (0, recorded.restart_count)
+        return recorded.last_termination if recorded and same_run else None
     code = last.exit_code
     return Terminated(
         exit_code=code,

@@ -39,12 +39,14 @@ from vk_provider.domain.podspec import (
     allowed_volumes,
     check_container,
     check_pod_level,
+    empty_dir_volumes,
     mapping_field,
     pod_containers,
     ports,
     resource_field,
     string_field,
     string_map_field,
+    volume_mounts,
 )
 from vk_provider.domain.podview import ANN_PROVIDERS, ANN_REGIONS
 from vk_provider.domain.probes import probes
@@ -104,6 +106,7 @@ def _container(
     node_name: str,
     host_ip: str,
     volumes: frozenset[str],
+    empty_dirs: frozenset[str],
     skipped: list[str],
 ) -> ContainerSpec:
     path, container = located
@@ -150,6 +153,7 @@ def _container(
         startup_probe=startup,
         readiness_probe=readiness,
         liveness_probe=liveness,
+        volume_mounts=volume_mounts(container, empty_dirs, path=path),
     )
 
 
@@ -191,6 +195,7 @@ def to_workload(
         "node_name": node_name,
         "host_ip": host_ip,
         "volumes": volumes,
+        "empty_dirs": empty_dir_volumes(spec),
         "skipped": notes,
     }
     containers = tuple(_container(c, init=False, **common) for c in apps)

@@ -171,7 +171,7 @@ class Probe(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., port: _Optional[int] = ..., host: _Optional[str] = ..., path: _Optional[str] = ..., scheme: _Optional[str] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., grpc_service: _Optional[str] = ..., initial_delay_seconds: _Optional[int] = ..., period_seconds: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., success_threshold: _Optional[int] = ..., failure_threshold: _Optional[int] = ...) -> None: ...
 
 class ContainerSpec(_message.Message):
-    __slots__ = ("name", "image", "command", "args", "env", "ports", "working_dir", "cpu", "memory_bytes", "gpu_count", "restart_policy", "startup_probe", "readiness_probe", "liveness_probe")
+    __slots__ = ("name", "image", "command", "args", "env", "ports", "working_dir", "cpu", "memory_bytes", "gpu_count", "restart_policy", "startup_probe", "readiness_probe", "liveness_probe", "volume_mounts")
     NAME_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +186,7 @@ class ContainerSpec(_message.Message):
     STARTUP_PROBE_FIELD_NUMBER: _ClassVar[int]
     READINESS_PROBE_FIELD_NUMBER: _ClassVar[int]
     LIVENESS_PROBE_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_MOUNTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     image: str
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -200,7 +201,20 @@ class ContainerSpec(_message.Message):
     startup_probe: Probe
     readiness_probe: Probe
     liveness_probe: Probe
-    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., ports: _Optional[_Iterable[_Union[Port, _Mapping]]] = ..., working_dir: _Optional[str] = ..., cpu: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., gpu_count: _Optional[int] = ..., restart_policy: _Optional[str] = ..., startup_probe: _Optional[_Union[Probe, _Mapping]] = ..., readiness_probe: _Optional[_Union[Probe, _Mapping]] = ..., liveness_probe: _Optional[_Union[Probe, _Mapping]] = ...) -> None: ...
+    volume_mounts: _containers.RepeatedCompositeFieldContainer[VolumeMount]
+    def __init__(self, name: _Optional[str] = ..., image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., ports: _Optional[_Iterable[_Union[Port, _Mapping]]] = ..., working_dir: _Optional[str] = ..., cpu: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., gpu_count: _Optional[int] = ..., restart_policy: _Optional[str] = ..., startup_probe: _Optional[_Union[Probe, _Mapping]] = ..., readiness_probe: _Optional[_Union[Probe, _Mapping]] = ..., liveness_probe: _Optional[_Union[Probe, _Mapping]] = ..., volume_mounts: _Optional[_Iterable[_Union[VolumeMount, _Mapping]]] = ...) -> None: ...
+
+class VolumeMount(_message.Message):
+    __slots__ = ("volume", "mount_path", "read_only", "sub_path")
+    VOLUME_FIELD_NUMBER: _ClassVar[int]
+    MOUNT_PATH_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    SUB_PATH_FIELD_NUMBER: _ClassVar[int]
+    volume: str
+    mount_path: str
+    read_only: bool
+    sub_path: str
+    def __init__(self, volume: _Optional[str] = ..., mount_path: _Optional[str] = ..., read_only: _Optional[bool] = ..., sub_path: _Optional[str] = ...) -> None: ...
 
 class Label(_message.Message):
     __slots__ = ("key", "value")
