@@ -115,6 +115,8 @@ async def test_readiness_follows_an_http_probe(health: Health) -> None:
     assert unhealthy["message"].startswith("[main] Readiness probe failed: HTTP probe failed")
     assert health.headers[0]["X-Probe"] == "yes"
     assert health.headers[0]["User-Agent"].startswith("kube-probe/")
+    # No keep-alive between probes, as a kubelet's prober: every probe its own connection.
+    assert all(h.get("Connection") == "close" for h in health.headers)
 
 
 async def test_a_failing_liveness_probe_restarts_the_container(free_port: int) -> None:

@@ -106,7 +106,14 @@ class Prober:
         self._providers = dict(providers)
         self._on_change = on_change
         self._events = events
-        self._client = client or httpx.AsyncClient(verify=False, follow_redirects=False)  # noqa: S501 - kubelet does not verify probes
+        # As a kubelet's prober: certificates are not verified and no connection is kept
+        # alive between probes (each probe is a fresh connection, closed after it).
+        self._client = client or httpx.AsyncClient(
+            verify=False,  # noqa: S501 - kubelet does not verify probes
+            follow_redirects=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
+            headers={"Connection": "close"},
+        )
         self._runs: dict[str, dict[str, _Run]] = {}  # pod uid -> container -> run
 
     # --- what the status writer asks ----------------------------------------------------
