@@ -334,32 +334,49 @@ class KubeClient:
             )
         )
 
-    async def get_lease(self, name: str) -> JSON | None:
+    async def get_lease(
+        self, name: str, *, namespace: str = LEASE_NAMESPACE, request_timeout: float = _TIMEOUT
+    ) -> JSON | None:
+        """The Lease, or None; ``request_timeout`` bounds the call (a renew deadline)."""
         try:
             return await _json(
                 self.coordination.read_namespaced_lease(
-                    name, LEASE_NAMESPACE, _preload_content=False, _request_timeout=_TIMEOUT
+                    name, namespace, _preload_content=False, _request_timeout=request_timeout
                 )
             )
         except NotFoundError:
             return None
 
-    async def create_lease(self, lease: Mapping[str, Any]) -> JSON:
+    async def create_lease(
+        self,
+        lease: Mapping[str, Any],
+        *,
+        namespace: str = LEASE_NAMESPACE,
+        request_timeout: float = _TIMEOUT,
+    ) -> JSON:
+        """Create; one that exists already yields ``ConflictError``."""
         return await _json(
             self.coordination.create_namespaced_lease(
-                LEASE_NAMESPACE, dict(lease), _preload_content=False, _request_timeout=_TIMEOUT
+                namespace, dict(lease), _preload_content=False, _request_timeout=request_timeout
             )
         )
 
-    async def replace_lease(self, name: str, lease: Mapping[str, Any]) -> JSON:
+    async def replace_lease(
+        self,
+        name: str,
+        lease: Mapping[str, Any],
+        *,
+        namespace: str = LEASE_NAMESPACE,
+        request_timeout: float = _TIMEOUT,
+    ) -> JSON:
         """PUT with the lease's resourceVersion: a concurrent writer yields ``ConflictError``."""
         return await _json(
             self.coordination.replace_namespaced_lease(
                 name,
-                LEASE_NAMESPACE,
+                namespace,
                 dict(lease),
                 _preload_content=False,
-                _request_timeout=_TIMEOUT,
+                _request_timeout=request_timeout,
             )
         )
 

@@ -19,7 +19,7 @@ import contextlib
 import ipaddress
 import logging
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certifi
 from vk_provider.api.view import AgentView, Readiness
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.launch import Launcher
+from vk_provider.controllers.leader import LeaderElector
 from vk_provider.controllers.node import NodeController, default_address
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.overflow import OverflowController
@@ -53,7 +54,7 @@ from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
 from vk_provider.runtime.preflight import checked_providers, close_all
 from vk_provider.runtime.registry import Registry
-from vk_provider.runtime.supervisor import SHUTDOWN_SECONDS, supervise
+from vk_provider.runtime.supervisor import SHUTDOWN_SECONDS, Root, supervise
 from vk_provider.settings.agent import AgentConfig
 from vk_provider.settings.paths import state_root
 
@@ -63,7 +64,11 @@ IN_CLUSTER_CA = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
 
 
 def guard(
-    providers: Mapping[str, Provider], config: AgentConfig, metrics: Metrics
+    providers: Mapping[str, Provider],
+    config: AgentConfig,
+    metrics: Metrics,
+    *,
+    fence: Callable[[str], None] = lambda operation: None,
 ) -> dict[str, GuardedProvider]:
     settings = config.placement
     return {
@@ -74,6 +79,7 @@ def guard(
                 cooldown_seconds=settings.breaker_cooldown_seconds,
             ),
             observe=metrics.observe_call,
+            fence=fence,
         )
         for name, provider in providers.items()
     }
@@ -106,6 +112,7 @@ class Agent:
     view: AgentView
     rest_api: RestServer
     overflow: OverflowController | None = None
+    elector: LeaderElector | None = None
 
     @classmethod
     async def create(
@@ -120,7 +127,15 @@ class Agent:
         state = state_dir
         intervals = config.intervals
         metrics = Metrics()
-        guarded = guard(providers, config, metrics)
+
+        def leading_changed(leading: bool) -> None:
+            metrics.leader.set(1 if leading else 0)
+            metrics.leader_transitions.inc()
+
+        elector = leader_elector(config, kube, on_change=leading_changed)
+        guarded = guard(
+            providers, config, metrics, fence=elector.fence if elector else lambda op: None
+        )
         calls: dict[str, Provider] = dict(guarded)  # every call through its breaker
         offers = OfferBook(calls, ttl_seconds=intervals.offers_ttl_seconds)
         api_cfg = config.kubelet_api
@@ -241,8 +256,15 @@ class Agent:
             observer=metrics,
         )
 
+        def not_leading() -> str | None:
+            if elector is None or elector.is_leader():
+                return None
+            return f"not the leader ({elector.holder or 'nobody'} leads)"
+
         def readiness() -> Readiness:
             reasons = []
+            if (follower := not_leading()) is not None:
+                reasons.append(follower)
             if not node.registered.is_set():
                 reasons.append("the node is not registered yet")
             if not watch.live.is_set():
@@ -256,6 +278,7 @@ class Agent:
             ledger=ledger,
             placements=pods.placements,
             readiness=readiness,
+            not_leading=not_leading,
             overdue=lambda: reconciler.overdue,
             overflow=overflow.view if overflow is not None else None,
             instances=pods.tracker.all,
@@ -291,38 +314,20 @@ class Agent:
             view,
             rest_api,
             overflow,
+            elector,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set (clean exit) or a root task dies (``AgentFailed``)."""
+        """Run until ``stop`` is set (clean exit) or a root task dies (``AgentFailed``).
+
+        Every replica serves the REST API (``/healthz`` live, ``/readyz`` and ``/v1`` say
+        "not the leader" on a follower); only the elected one runs the node.
+        """
         try:
             # REST first: /healthz answers and /readyz says 503 while the node registers.
             await self.rest_api.start()
             log.info("REST API on %s:%d", self.config.rest.host, self.rest_api.port)
-            await self.kubelet_api.start()
-            # The node advertises the port actually bound (0 in tests means "any free port").
-            self.node.kubelet_port = self.kubelet_api.port
-            await self.offers.refresh()
-            await self.node.register()
-            log.info(
-                "node %s registered; kubelet API on port %d", self.node.name, self.kubelet_api.port
-            )
-            roots = {
-                "rest-api": self.rest_api.serve,
-                "kubelet-api": self.kubelet_api.serve,
-                "node-lease": self.node.run_lease_loop,
-                "node-status": self.node.run_status_loop,
-                "pod-watch": self.watch.run,
-                "reconcile": self.reconciler.run,
-                "pod-workers": self.pods.run_workers,
-            }
-            if self.overflow is not None:
-                roots["overflow"] = self.overflow.run
-            await supervise(
-                roots,
-                stop,
-                before_cancel=self.pods.queue.close,
-            )
+            await supervise({"rest-api": self.rest_api.serve, "leader": self._lead}, stop)
         finally:
             # Idempotent: the servers' roots stop them too; this covers a failed start.
             with contextlib.suppress(Exception):
@@ -335,6 +340,48 @@ class Agent:
             for provider in self.providers.values():
                 with contextlib.suppress(Exception):
                     await provider.close()
+
+    async def _lead(self) -> None:
+        """Wait to be elected, then run the node beside the renewals until stopped.
+
+        The renewals (``keep``) and the node's work are roots of one supervisor: when the
+        renew deadline passes, ``keep`` raises and every leader task is cancelled at once; the
+        agent then exits non-zero and its pod restarts as a follower. On a clean stop the
+        leader tasks stop first and the Lease is released after, so the follower takes over
+        on its next read.
+        """
+        elector = self.elector
+        roots: dict[str, Root] = {"node": self._run_node}
+        if elector is not None:
+            await elector.acquire()
+            roots["leader-election"] = elector.keep
+        try:
+            await supervise(roots, asyncio.Event())  # ends by cancellation or a failure
+        finally:
+            if elector is not None:
+                await elector.release()  # a no-op unless this replica still leads
+
+    async def _run_node(self) -> None:
+        """The leader's work: register the node, then its loops, pods and flip."""
+        await self.kubelet_api.start()
+        # The node advertises the port actually bound (0 in tests means "any free port").
+        self.node.kubelet_port = self.kubelet_api.port
+        await self.offers.refresh()
+        await self.node.register()
+        log.info(
+            "node %s registered; kubelet API on port %d", self.node.name, self.kubelet_api.port
+        )
+        roots = {
+            "kubelet-api": self.kubelet_api.serve,
+            "node-lease": self.node.run_lease_loop,
+            "node-status": self.node.run_status_loop,
+            "pod-watch": self.watch.run,
+            "reconcile": self.reconciler.run,
+            "pod-workers": self.pods.run_workers,
+        }
+        if self.overflow is not None:
+            roots["overflow"] = self.overflow.run
+        await supervise(roots, asyncio.Event(), before_cancel=self.pods.queue.close)
 
 
 def is_loopback(address: str) -> bool:
@@ -382,6 +429,23 @@ def overflow_controller(
         events=events,
         gpu_requests=pods.gpu_requests,
         observer=observer,
+    )
+
+
+def leader_elector(
+    config: AgentConfig, kube: KubeClient, *, on_change: Callable[[bool], None]
+) -> LeaderElector | None:
+    """The elector of this replica; None when leader election is off."""
+    election = config.leader_election
+    if not election.enabled:
+        return None
+    return LeaderElector(
+        kube,
+        name=election.name_for(config.node.name),
+        namespace=election.resolved_namespace(),
+        identity=election.resolved_identity(),
+        timing=election.timing,
+        on_change=on_change,
     )
 
 
