@@ -1,15 +1,19 @@
 """The agent process: wires every part from the configuration and supervises its tasks.
 
 All long-lived tasks start here and nowhere else, under one supervisor
-(``runtime.supervisor``): the REST and kubelet API servers, the node Lease and status loops,
-the pod watch, reconciliation and the pod workers. If any of them ends or dies, the agent logs
-which one and why and stops with a non-zero exit. SIGTERM/SIGINT stop everything within
-bounded time and exit 0.
+(``runtime.supervisor``): the REST API on every replica; on the elected leader only
+(``controllers.leader``), the kubelet API, the node Lease and status loops, the pod watch,
+reconciliation, the pod workers and the overflow flip, beside the election's renewals. If any
+of them ends or dies — the renewals included, when the renew deadline passes — the agent logs
+which one and why and stops with a non-zero exit (a replica that lost the lead restarts as a
+follower). SIGTERM/SIGINT stop everything within bounded time, release the election Lease and
+exit 0.
 
 Invariants: wiring only — settings objects are passed to the parts that use them, never
 copied field by field; providers are built (by the registry) before anything touches the
 cluster, so a bad provider configuration fails fast; the node is registered before pods are
-watched.
+watched; nothing writes to the node, pods or providers before this replica leads, and
+provider writes are fenced by the election's deadline.
 """
 
 from __future__ import annotations
