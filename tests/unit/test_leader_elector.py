@@ -46,16 +46,29 @@ class FakeLeases:
         return copy.deepcopy(found) if found else None
 
     async def create_lease(
-        self, lease: Mapping[str, Any], *, namespace: str, request_timeout: float
+        self,
+        lease: Mapping[str, Any],
+        *,
+        namespace: str,
+        request_timeout: float,
+        fenced: bool = True,
     ) -> JSON:
+        assert not fenced  # the election's own writes are never fenced by the election
         await self._answer()
         if lease["metadata"]["name"] in self.leases:
             raise ConflictError(409, "exists")
         return self._stamp(lease)
 
     async def replace_lease(
-        self, name: str, lease: Mapping[str, Any], *, namespace: str, request_timeout: float
+        self,
+        name: str,
+        lease: Mapping[str, Any],
+        *,
+        namespace: str,
+        request_timeout: float,
+        fenced: bool = True,
     ) -> JSON:
+        assert not fenced
         await self._answer()
         current = self.leases[name]
         if lease["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
@@ -190,3 +203,28 @@ async def test_an_api_error_while_following_is_retried() -> None:
     a = elector(store, "a")
     await asyncio.wait_for(a.acquire(), 10)
     assert a.is_leader() and calls == 3
+
+
+async def test_the_kube_client_refuses_node_pod_and_event_writes_while_not_leading() -> None:
+    from kubernetes_asyncio.client.api_client import ApiClient
+
+    api = ApiClient()
+    try:
+        kube = KubeClient(api)
+        kube.may_write = lambda: False
+        writes = [
+            kube.create_node({}),
+            kube.patch_node("n", {}),
+            kube.patch_node_status("n", {}),
+            kube.patch_pod_status("ns", "p", {}),
+            kube.delete_pod_now("ns", "p", uid="u"),
+            kube.create_event("ns", {}),
+            kube.patch_event("ns", "e", {}),
+            kube.create_lease({"metadata": {"name": "n"}}),
+            kube.replace_lease("n", {}),
+        ]
+        for write in writes:
+            with pytest.raises(ApiError, match="not the leader: refusing to"):
+                await write
+    finally:
+        await api.close()

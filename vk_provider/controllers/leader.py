@@ -154,6 +154,7 @@ class LeaderElector:
                 self._body(spec_of(record), observed.resource_version),
                 namespace=self.namespace,
                 request_timeout=RELEASE_TIMEOUT_SECONDS,
+                fenced=False,
             )
             log.info("leader election: released Lease %s/%s", self.namespace, self.name)
         except ApiError as exc:  # it expires by itself: a follower waits one lease duration
@@ -204,11 +205,11 @@ class LeaderElector:
         try:
             if current is None:
                 written = await self._kube.create_lease(
-                    body, namespace=self.namespace, request_timeout=bound
+                    body, namespace=self.namespace, request_timeout=bound, fenced=False
                 )
             else:
                 written = await self._kube.replace_lease(
-                    self.name, body, namespace=self.namespace, request_timeout=bound
+                    self.name, body, namespace=self.namespace, request_timeout=bound, fenced=False
                 )
         except ConflictError:
             return False  # another replica wrote first; read again next period

@@ -137,6 +137,8 @@ class Agent:
             metrics.leader_transitions.inc()
 
         elector = leader_elector(config, kube, on_change=leading_changed)
+        if elector is not None:
+            kube.may_write = elector.is_leader  # node, pod, Event and node Lease writes
         guarded = guard(
             providers, config, metrics, fence=elector.fence if elector else lambda op: None
         )
