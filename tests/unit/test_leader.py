@@ -12,6 +12,7 @@ from vk_provider.domain.leader import (
     Step,
     Timing,
     decide,
+    follow_for,
     lease_name,
     next_record,
     observe,
@@ -93,6 +94,23 @@ def test_a_dead_leader_is_replaced_one_lease_duration_after_its_last_renewal() -
         now += 2  # the follower's retry period
         observation = observe(observation, held_by("b"), "1", now=now)
     assert 15 <= now <= 17
+
+
+def test_a_follower_reads_every_retry_period_and_at_the_moment_of_expiry() -> None:
+    assert follow_for(None, now=0, timing=TIMING) == 2
+    observation = seen(held_by("b"), at=100)
+    assert follow_for(observation, now=100, timing=TIMING) == 2
+    assert follow_for(observation, now=114, timing=TIMING) == 1
+    assert follow_for(observation, now=120, timing=TIMING) == 0
+    assert follow_for(seen(held_by(""), at=100), now=100, timing=TIMING) == 2
+
+
+def test_a_dead_leader_is_replaced_exactly_one_lease_duration_after_it_was_seen() -> None:
+    observation = observe(None, held_by("b"), "1", now=0.5)
+    now = 0.5
+    while decide(observation, identity="a", now=now) is Step.WAIT:
+        now += follow_for(observation, now=now, timing=TIMING)
+    assert now == 15.5
 
 
 # ------------------------------------------------------------------ records written

@@ -33,6 +33,7 @@ from vk_provider.domain.leader import (
     Step,
     Timing,
     decide,
+    follow_for,
     next_record,
     observe,
     record_of,
@@ -120,7 +121,7 @@ class LeaderElector:
             if self.holder != last_holder:
                 last_holder = self.holder
                 log.info("leader election: following %s", self.holder or "(nobody)")
-            await self._sleep(self._timing.retry_period)
+            await self._sleep(follow_for(self._observation, now=self._clock(), timing=self._timing))
 
     async def keep(self) -> None:
         """Renew until the renew deadline passes without a renewal; then raise."""

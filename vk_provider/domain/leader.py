@@ -106,6 +106,15 @@ def decide(observation: Observation | None, *, identity: str, now: float) -> Ste
     return Step.WAIT
 
 
+def follow_for(observation: Observation | None, *, now: float, timing: Timing) -> float:
+    """How long a follower sleeps before reading again: a retry period, or less when the
+    lease it follows expires sooner (so a dead leader is replaced as soon as allowed)."""
+    if observation is None or not observation.record.holder:
+        return timing.retry_period
+    expires_in = observation.at + observation.record.duration_seconds - now
+    return min(timing.retry_period, max(expires_in, 0.0))
+
+
 def next_record(
     current: LeaseRecord | None,
     step: Step,
