@@ -6,7 +6,8 @@ here), wrapped by ``remote.RemoteNamespace``. The kubeconfig is loaded by kubern
 loader (``providers.kubernetes.kubeconfig``); names and labels are in ``names``, offers in
 ``offers``, the manifests in ``manifests`` (containers in ``containers``, requests and limits
 in ``resources``), the state table in ``states`` (container statuses in ``statuses``), the
-error table in ``failures``, logs in ``logs``.
+error table in ``failures``, logs in ``logs``, exec/attach/port-forward in ``streams`` (the
+WebSocket channel protocols in ``channels``), usage in ``usage``.
 
 Whole pods. The remote pod has every app container, init container and native sidecar of the
 pod, its probes and its restart policy: B's kubelet runs init containers in order, restarts
@@ -33,10 +34,22 @@ with ``CapacityUnavailable`` naming the namespace and what to do (``failures.mis
 the launcher blocks the offer and moves on, and the provider's circuit breaker stays closed, so
 reads of the pods that do run go on.
 
+Exec, attach and port-forward go through B's API server as ``kubectl`` does: a WebSocket to
+``pods/exec`` or ``pods/attach`` (``v5.channel.k8s.io``, which B's API server translates into
+the SPDY its kubelet speaks; stdin with its end, tty, resizes and the exit code cross it) and
+one WebSocket to ``pods/portforward`` (``v4.channel.k8s.io``) per forwarded connection. The
+adapter reads the pod first, so a pod that is not ours or a container it does not have is
+``NotFound`` naming them. Attach relays B's attach: B's kubelet decides what it shows (the
+remote containers run without ``stdin: true``, as the pod's own did).
+
+Usage comes from B's ``metrics.k8s.io`` (``PodMetrics``: ``usage`` explains why not a node's
+``stats/summary``); B needs metrics-server for ``kubectl top`` on A to show remote pods.
+
 Rights needed in B (what ``tests/contract/harness_kubernetes.py`` grants, and no more):
 ``list`` nodes and pods cluster-wide (offers), and in the namespace ``create/get/list/delete``
-pods, ``get`` pods/log and ``create/patch/delete`` secrets
-(``deploy/remote-cluster-rbac.yaml``).
+pods, ``get`` pods/log, ``create`` pods/exec, pods/attach and pods/portforward (a WebSocket's
+GET is authorised as ``create``), ``get`` pods of ``metrics.k8s.io`` and
+``create/patch/delete`` secrets (``deploy/remote-cluster-rbac.yaml``).
 
 Invariants:
 - The kubeconfig, the token and the client key are never logged nor put into a message; the
@@ -48,7 +61,7 @@ Invariants:
 Known limits: ``delete`` with ``grace_seconds=0`` asks for 1 second, because 0 would remove the
 object at once and leave the container to the node's next sync (as ``kubectl`` does);
 ``tls-server-name`` and proxy settings of a kubeconfig are ignored; offers count requests, not
-usage; exec, attach, port-forward and usage through B are not offered yet.
+usage; a remote pod's CPU counter starts at the agent's first sample (``usage``).
 """
 
 from __future__ import annotations
@@ -62,6 +75,13 @@ from typing import Final
 import httpx
 
 from providers.http import JsonApi
+from providers.kubernetes.channels import (
+    EXEC_PROTOCOL,
+    PORT_FORWARD_PROTOCOL,
+    attach_url,
+    exec_url,
+    port_forward_url,
+)
 from providers.kubernetes.config import KubernetesProviderConfig
 from providers.kubernetes.containers import secret_values
 from providers.kubernetes.failures import Call
@@ -78,8 +98,12 @@ from providers.kubernetes.offers import (
 )
 from providers.kubernetes.remote import RemoteNamespace, classifier
 from providers.kubernetes.states import made_for, parse_instance
+from providers.kubernetes.streams import RemoteCommand, RemotePort, RemoteStreams
+from providers.kubernetes.usage import CpuCounter, advance, parse_pod_metrics, pod_metrics_path
 from providers.payload import MalformedResponse, items
 from providers.transport import RetryPolicy
+from vk_provider.domain.containers import ContainerUsage
+from vk_provider.domain.contract import ExecSession, PortStream
 from vk_provider.domain.errors import CapacityUnavailable, InvalidSpec, NotFound, ProviderError
 from vk_provider.domain.models import (
     Capabilities,
@@ -103,6 +127,10 @@ CAPABILITIES: Final = Capabilities(
     init_containers=True,
     sidecars=True,
     probes="provider",  # B's kubelet probes and reports ready/started per container
+    exec=True,
+    attach=True,
+    port_forward=True,
+    usage=True,
 )
 
 
@@ -140,6 +168,14 @@ class KubernetesProvider:
             logger=log,
         )
         self._remote = RemoteNamespace(self._api, namespace=config.namespace, provider=config.name)
+        self._streams = RemoteStreams(
+            access,
+            provider=config.name,
+            redactor=self._api.redactor,
+            timeout=config.timeout_seconds,
+        )
+        # CPU counters of the remote containers' runs (``usage``), by pod and container.
+        self._cpu: dict[tuple[str, str], CpuCounter] = {}
 
     @property
     def name(self) -> str:
@@ -241,6 +277,8 @@ class KubernetesProvider:
                 instance_id,
                 grace,
             )
+        for key in [k for k in self._cpu if k[0] == instance_id]:
+            del self._cpu[key]
         # Normally B's garbage collector removes the Secret with its pod; this covers an
         # agent that died before the Secret got its ownerReference. Quietly: the pod's
         # deletion is what was asked for, and it succeeded.
@@ -309,10 +347,94 @@ class KubernetesProvider:
         finally:
             await response.aclose()
 
+    async def exec(
+        self, instance_id: str, container: str, command: list[str], *, tty: bool
+    ) -> ExecSession:
+        name = await self._container(instance_id, container, "exec in")
+        what = f"exec in container {name!r} of pod {instance_id!r}"
+        url = exec_url(
+            self._remote.pod_path(instance_id),
+            container=name,
+            command=command,
+            stdin=True,  # always: the agent closes it when the caller sends none
+            tty=tty,
+        )
+        ws = await self._streams.connect(url, protocol=EXEC_PROTOCOL, what=what)
+        return RemoteCommand(ws, what=what, provider=self.name)
+
+    async def attach(
+        self, instance_id: str, container: str, *, stdin: bool, tty: bool
+    ) -> ExecSession:
+        name = await self._container(instance_id, container, "attach to")
+        what = f"attach to container {name!r} of pod {instance_id!r}"
+        url = attach_url(self._remote.pod_path(instance_id), container=name, stdin=stdin, tty=tty)
+        ws = await self._streams.connect(url, protocol=EXEC_PROTOCOL, what=what)
+        return RemoteCommand(ws, what=what, provider=self.name)
+
+    async def open_port(self, instance_id: str, port: int) -> PortStream:
+        await self._container(instance_id, "", "forward a port of")
+        what = f"port-forward to port {port} of pod {instance_id!r}"
+        url = port_forward_url(self._remote.pod_path(instance_id), port)
+        ws = await self._streams.connect(url, protocol=PORT_FORWARD_PROTOCOL, what=what)
+        return RemotePort(ws, port)
+
+    async def usage(self, instance_id: str) -> list[ContainerUsage]:
+        what = f"metrics of pod {instance_id!r}"
+        self._remote.pod_path(instance_id)  # NotFound for a name no pod of ours has
+        try:
+            body = await self._remote.get(
+                pod_metrics_path(self._namespace, instance_id), what=what, call=Call.READ
+            )
+        except NotFound:
+            # No sample yet (metrics-server scrapes every 15 s or so), or no metrics-server in
+            # B: no usage, which leaves the pod out rather than reporting zero.
+            return []
+        with self._api.readable(what):
+            sample = parse_pod_metrics(body)
+        usages = []
+        for container in sample.containers:
+            key = (instance_id, container.name)
+            counter = advance(
+                self._cpu.get(key),
+                nanocores=container.nanocores,
+                at=sample.timestamp,
+                window_seconds=sample.window_seconds,
+            )
+            self._cpu[key] = counter
+            usages.append(
+                ContainerUsage(
+                    name=container.name,
+                    cpu_core_nanoseconds=counter.total,
+                    memory_working_set_bytes=container.memory_bytes,
+                    timestamp=counter.at,
+                )
+            )
+        return usages
+
     async def close(self) -> None:
+        await self._streams.close()
         await self._api.aclose()
 
     # --- internals ------------------------------------------------------------------------
+
+    async def _container(self, instance_id: str, wanted: str, doing: str) -> str:
+        """The container of our pod ``instance_id`` that ``wanted`` names (the first app
+        container when empty); ``NotFound`` naming what is missing."""
+        what = f"{doing} pod {instance_id!r}"
+        pod = await self._remote.get(self._remote.pod_path(instance_id), what=what, call=Call.READ)
+        with self._api.readable(what):
+            if parse_instance(pod, provider=self.name) is None:
+                raise NotFound(
+                    f"pod {instance_id!r} in the cluster is not ours", provider=self.name
+                )
+            container = log_container(pod, wanted or None)
+            known = container_names(pod)
+        if container is None:
+            raise NotFound(
+                f"pod {instance_id!r} has no container {wanted!r} (it has {', '.join(known)})",
+                provider=self.name,
+            )
+        return container
 
     def _check_fits(self, spec: WorkloadSpec, shape: Shape, offer: Offer) -> None:
         too_small = (

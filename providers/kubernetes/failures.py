@@ -40,6 +40,7 @@ class Call(enum.Enum):
     READ = "read"
     WRITE = "write"
     LOGS = "logs"
+    STREAM = "stream"  # exec, attach, port-forward: a 400 is the container's state
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +121,16 @@ def classify_failure(failure: ApiFailure, *, provider: str, what: str, call: Cal
                 f"a previous run ({head}: {failure.message})",
                 provider=provider,
             )
-        if call is Call.LOGS:
+        if call in (Call.LOGS, Call.STREAM):
             return Transient(message, provider=provider)  # "container ... is waiting to start"
         return InvalidSpec(message, provider=provider, field=_pod_field(failure))
     return Transient(message, provider=provider)
 
 
-NAMESPACE_RIGHTS = "create/get/list/delete pods, get pods/log, create/patch/delete secrets"
+NAMESPACE_RIGHTS = (
+    "create/get/list/delete pods, get pods/log, create pods/exec, pods/attach and "
+    "pods/portforward, get pods.metrics.k8s.io, create/patch/delete secrets"
+)
 
 
 def missing_namespace(namespace: str, *, provider: str, what: str) -> CapacityUnavailable:

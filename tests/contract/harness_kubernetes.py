@@ -66,6 +66,12 @@ CLUSTER_RULES: list[dict[str, Any]] = [
 NAMESPACE_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "delete"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {
+        "apiGroups": [""],
+        "resources": ["pods/exec", "pods/attach", "pods/portforward"],
+        "verbs": ["create"],
+    },
+    {"apiGroups": ["metrics.k8s.io"], "resources": ["pods"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch", "delete"]},
 ]
 

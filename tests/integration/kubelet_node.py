@@ -66,9 +66,11 @@ def start_agent_on(
     link: netns.VethNamespace,
     *,
     providers: list[dict[str, Any]] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> AgentProcess:
     """An agent whose kubelet API listens on the link's host address and advertises it, with a
-    serving certificate from the cluster CA (so metrics-server can verify it)."""
+    serving certificate from the cluster CA (so metrics-server can verify it); ``settings``
+    replace top-level sections of its configuration (``providers`` of another type)."""
     agent = agents.start(providers=providers, node={"address": link.host_address}, start=False)
     serving = CertPair(
         agent.config_path.parent / "kubelet.crt", agent.config_path.parent / "kubelet.key"
@@ -82,6 +84,7 @@ def start_agent_on(
         ip_addresses=(link.host_address,),
     )
     config = yaml.safe_load(agent.config_path.read_text())
+    config.update(settings or {})
     config["kubelet_api"].update(
         listen=f"{link.host_address}:0",
         tls_cert_file=str(serving.cert),

@@ -48,6 +48,10 @@ FLAKY = {
 @dataclass
 class ChurnReport:
     terminating_violations: set[str] = field(default_factory=set)
+    # When the agent was down (SIGKILL until its next start registered the node): a pod whose
+    # deletion falls in such a window cannot be finished by anyone, so that time is not held
+    # against the agent.
+    downtime: list[tuple[datetime, datetime]] = field(default_factory=list)
     losses_injected: int = 0
     duplicates_injected: dict[str, str] = field(default_factory=dict)  # duplicate -> original
     orphans_injected: set[str] = field(default_factory=set)
@@ -79,6 +83,14 @@ def _deployment(name: str, node: str, replicas: int) -> dict[str, Any]:
     }
 
 
+def _down_between(report: ChurnReport, start: datetime, end: datetime) -> float:
+    """Seconds of agent downtime within [start, end]."""
+    return sum(
+        max(0.0, (min(end, back) - max(start, killed)).total_seconds())
+        for killed, back in report.downtime
+    )
+
+
 async def _watch_terminating(
     api: KubeClient, node: str, report: ChurnReport, stop: asyncio.Event
 ) -> None:
@@ -94,7 +106,7 @@ async def _watch_terminating(
             deadline = pod["metadata"].get("deletionTimestamp")
             if deadline:
                 when = datetime.fromisoformat(deadline.replace("Z", "+00:00"))
-                if (now - when).total_seconds() > 10:
+                if (now - when).total_seconds() - _down_between(report, when, now) > 10:
                     report.terminating_violations.add(pod["metadata"]["name"])
         await asyncio.sleep(1)
 
@@ -146,10 +158,18 @@ async def _kill_agent(agent: AgentProcess, report: ChurnReport, rng: random.Rand
     for _ in range(5):
         await asyncio.sleep(rng.uniform(6, 14))
         assert agent.process is not None
+        starts = agent.log_text().count(" registered; kubelet API")
+        killed = datetime.now(UTC)
         agent.process.send_signal(signal.SIGKILL)
         agent.process.wait()
         report.agent_kills += 1
         agent.start()
+
+        async def registered(before: int = starts) -> bool:
+            return agent.log_text().count(" registered; kubelet API") > before
+
+        await wait_for(registered, timeout=120, what="the restarted agent to register its node")
+        report.downtime.append((killed, datetime.now(UTC)))
 
 
 async def _scale(apps: client.AppsV1Api, name: str, namespace: str, replicas: int) -> None:

@@ -15,18 +15,23 @@ runs every container and the probe, and A's pod shows each container as B report
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from kubernetes_asyncio import client, config
@@ -34,11 +39,16 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers, pod_on
+from tests.integration.kubelet_node import Commands, kubectl, node_link, start_agent_on
+from tests.integration.test_kubelet_endpoints import read_until
+from vk_provider.cluster import netns
 from vk_provider.cluster.binaries import ensure_binaries
 from vk_provider.cluster.cluster import LocalCluster
+from vk_provider.cluster.metrics_server import MetricsServer, ensure_metrics_server
 from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration
+__all__ = ["kubectl", "node_link"]  # fixtures
 PY = sys.executable
 PROVIDER = "remote-b"
 
@@ -129,6 +139,35 @@ async def _node_with_gpus(api: KubeClient, agent: AgentProcess) -> dict[str, Any
     return await wait_for(ready, timeout=90, interval=0.5, what=f"node {agent.node} with GPUs")
 
 
+async def _remote_namespace(kube_b: ApiClient) -> str:
+    """The operator's part (the adapter never creates it): the namespace, its default
+    ServiceAccount in place, before the agent starts."""
+    remote_namespace = f"vk-remote-{uuid.uuid4().hex[:6]}"
+    core_b = client.CoreV1Api(kube_b)
+    await core_b.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=remote_namespace))
+    )
+
+    async def default_sa() -> bool:
+        accounts = await core_b.list_namespaced_service_account(remote_namespace)
+        return any(sa.metadata.name == "default" for sa in accounts.items)
+
+    await wait_for(default_sa, timeout=60, what="the remote namespace's ServiceAccount")
+    return remote_namespace
+
+
+def _kubernetes_provider(cluster_b: LocalCluster, remote_namespace: str) -> dict[str, Any]:
+    return {
+        "type": "kubernetes",
+        "name": PROVIDER,
+        "kubeconfig": f"file:{cluster_b.kubeconfig}",
+        "namespace": remote_namespace,
+        "gpu_model": "A100-80GB",
+        "gpu_price_per_hour": 1.0,
+        "cpu_price_per_hour": 0.01,
+    }
+
+
 @pytest.fixture
 async def bridge(
     agents: AgentHarness,
@@ -143,32 +182,10 @@ async def bridge(
     )
     await _node_with_gpus(api_b, agent_b)
 
-    # The operator's part (the adapter never creates it): the namespace, its default
-    # ServiceAccount in place, before the agent starts.
-    remote_namespace = f"vk-remote-{uuid.uuid4().hex[:6]}"
-    core_b = client.CoreV1Api(kube_b)
-    await core_b.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=remote_namespace))
-    )
-
-    async def default_sa() -> bool:
-        accounts = await core_b.list_namespaced_service_account(remote_namespace)
-        return any(sa.metadata.name == "default" for sa in accounts.items)
-
-    await wait_for(default_sa, timeout=60, what="the remote namespace's ServiceAccount")
+    remote_namespace = await _remote_namespace(kube_b)
     agent_a = agents.start(start=False, intervals={"offers_ttl_seconds": 2})
     settings = yaml.safe_load(agent_a.config_path.read_text())
-    settings["providers"] = [
-        {
-            "type": "kubernetes",
-            "name": PROVIDER,
-            "kubeconfig": f"file:{cluster_b.kubeconfig}",
-            "namespace": remote_namespace,
-            "gpu_model": "A100-80GB",
-            "gpu_price_per_hour": 1.0,
-            "cpu_price_per_hour": 0.01,
-        }
-    ]
+    settings["providers"] = [_kubernetes_provider(cluster_b, remote_namespace)]
     agent_a.config_path.write_text(yaml.safe_dump(settings))
     agent_a.provider_entries = []  # nothing local to clean up for this agent
     agent_a.start()
@@ -491,3 +508,194 @@ async def test_a_crashing_container_is_restarted_by_b_never_relaunched_by_a(
         == (remote["metadata"]["name"])
     )
     assert remote["status"]["containerStatuses"][0]["restartCount"] >= 2
+
+
+# --------------------------------------------------------------------------- streams and usage
+# Both agents' kubelet APIs listen on the session's veth address (``kubelet_node.node_link``),
+# so each API server can reach its node: kubectl on A → A's API server → A's kubelet API →
+# the adapter's WebSocket → B's API server → B's kubelet API (our agent) → a local process.
+
+
+@pytest.fixture(scope="module")
+def metrics_b(cluster_b: LocalCluster) -> Iterator[MetricsServer]:
+    """metrics-server for B: the adapter reads usage from B's metrics.k8s.io."""
+    server = MetricsServer(cluster_b, ensure_metrics_server())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def linked_bridge(
+    agents: AgentHarness,
+    agents_b: AgentHarness,
+    api: KubeClient,
+    api_b: KubeClient,
+    cluster_b: LocalCluster,
+    control_plane: LocalCluster,
+    kube_b: ApiClient,
+    node_link: netns.VethNamespace,
+) -> Bridge:
+    agent_b = start_agent_on(
+        agents_b,
+        cluster_b,
+        node_link,
+        providers=[{"name": "local-a", "offers": B_OFFERS, "restart_backoff_seconds": 1}],
+    )
+    await _node_with_gpus(api_b, agent_b)
+    remote_namespace = await _remote_namespace(kube_b)
+    agent_a = start_agent_on(
+        agents,
+        control_plane,
+        node_link,
+        settings={"providers": [_kubernetes_provider(cluster_b, remote_namespace)]},
+    )
+    agent_a.provider_entries = []
+    await _node_with_gpus(api, agent_a)
+    return Bridge(agent_a=agent_a, agent_b=agent_b, remote_namespace=remote_namespace)
+
+
+SHELL = [PY, "-c", "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.5)"]
+
+
+async def test_exec_through_a_reaches_the_container_in_b(
+    linked_bridge: Bridge,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    kubectl: Commands,
+) -> None:
+    env = [{"name": "GREETING", "value": "hello from B"}]
+    pod = pod_on(linked_bridge.agent_a.node, "shell", command=SHELL, container={"env": env})
+    await client.CoreV1Api(kube).create_namespaced_pod(namespace, pod)
+    await _running(api, namespace, "shell", linked_bridge.agent_a)
+
+    one_shot = kubectl.run(
+        "exec", "-n", namespace, "shell", "--",
+        "sh", "-c", 'echo "$GREETING"; echo oops >&2; exit 3',
+    )  # fmt: skip
+    assert one_shot.returncode == 3, one_shot.stderr
+    assert one_shot.stdout == "hello from B\n"
+    assert "oops" in one_shot.stderr
+
+    # stdin and its end cross both hops: cat ends only when the input does.
+    interactive = kubectl.run(
+        "exec", "-i", "-n", namespace, "shell", "--", "sh", "-c", "cat; echo done",
+        input="line one\nline two\n",
+    )  # fmt: skip
+    assert interactive.returncode == 0, interactive.stderr
+    assert interactive.stdout == "line one\nline two\ndone\n"
+
+    # Without -i the command's stdin is at its end at once (cat does not hang).
+    no_stdin = kubectl.run("exec", "-n", namespace, "shell", "--", "sh", "-c", "cat; echo end")
+    assert (no_stdin.returncode, no_stdin.stdout) == (0, "end\n"), no_stdin.stderr
+
+    # A terminal: B's command sees a tty whose size A's kubectl set, and its exit code.
+    master, slave = os.openpty()
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 111, 0, 0))
+        session = kubectl.start(
+            "exec", "-it", "-n", namespace, "shell", "--", "sh",
+            stdin=slave, stdout=slave, stderr=slave,
+        )  # fmt: skip
+        os.close(slave)
+        slave = -1
+        os.write(master, b"echo $((6 * 7)) $(stty size)\n")
+        seen = read_until(master, b"42 33 111", timeout=60)
+        assert b"42 33 111" in seen, seen
+        os.write(master, b"exit 5\n")
+        assert session.wait(timeout=60) == 5
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+
+
+async def test_port_forward_through_a_reaches_a_server_in_b(
+    linked_bridge: Bridge,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    kubectl: Commands,
+) -> None:
+    port, local = _free_port(), _free_port()
+    pod = pod_on(
+        linked_bridge.agent_a.node,
+        "server",
+        command=[PY, "-c", SERVE],
+        container={
+            "env": [{"name": "PORT", "value": str(port)}],
+            "ports": [{"containerPort": port}],  # B's local provider forwards declared ports
+        },
+    )
+    await client.CoreV1Api(kube).create_namespaced_pod(namespace, pod)
+    await _running(api, namespace, "server", linked_bridge.agent_a)
+    forward = kubectl.start(
+        "port-forward", "-n", namespace, "pod/server", f"{local}:{port}",
+        "--address", "127.0.0.1", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert forward.stdout is not None
+    line = forward.stdout.readline()
+    assert f"Forwarding from 127.0.0.1:{local}" in line, line
+
+    async def answered() -> httpx.Response | None:
+        with contextlib.suppress(httpx.HTTPError):
+            async with httpx.AsyncClient(timeout=10) as http:
+                return await http.get(f"http://127.0.0.1:{local}/first")
+        return None
+
+    first = await wait_for(answered, timeout=60, what="an answer through both forwards")
+    assert first.status_code == 200 and first.text == "hello from /first"
+    async with httpx.AsyncClient(timeout=10) as http:  # a second connection, same session
+        second = await http.get(f"http://127.0.0.1:{local}/second")
+    assert second.text == "hello from /second"
+    assert forward.poll() is None
+
+
+async def test_stats_summary_of_a_shows_the_remote_pods_usage(
+    linked_bridge: Bridge,
+    metrics_b: MetricsServer,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    kubectl: Commands,
+) -> None:
+    pod = pod_on(linked_bridge.agent_a.node, "busy", command=BUSY)
+    await client.CoreV1Api(kube).create_namespaced_pod(namespace, pod)
+    await _running(api, namespace, "busy", linked_bridge.agent_a)
+    node = linked_bridge.agent_a.node
+
+    async def measured() -> dict[str, Any] | None:
+        answer = kubectl.run("get", "--raw", f"/api/v1/nodes/{node}/proxy/stats/summary")
+        assert answer.returncode == 0, answer.stderr
+        pods = json.loads(answer.stdout).get("pods") or []
+        found = [p for p in pods if p["podRef"]["name"] == "busy"]
+        return found[0] if found else None
+
+    stats = await wait_for(measured, timeout=180, interval=2, what="busy in A's stats/summary")
+    (container,) = stats["containers"]
+    assert container["name"] == "main"
+    assert container["cpu"]["usageCoreNanoSeconds"] > 0
+    assert container["memory"]["workingSetBytes"] > 0
+
+
+SERVE = (
+    "import http.server, os\n"
+    "class Hello(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = ('hello from ' + self.path).encode()\n"
+    "        self.send_response(200)\n"
+    "        self.send_header('Content-Length', str(len(body)))\n"
+    "        self.end_headers()\n"
+    "        self.wfile.write(body)\n"
+    "http.server.ThreadingHTTPServer(('127.0.0.1', int(os.environ['PORT'])), Hello)"
+    ".serve_forever()\n"
+)
+BUSY = [
+    PY,
+    "-c",
+    "import time\nwhile True:\n    end = time.time() + 0.05\n    while time.time() < end: pass\n"
+    "    time.sleep(0.05)\n",
+]

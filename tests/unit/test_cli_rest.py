@@ -32,6 +32,8 @@ from vk_provider.cli.client import (
     ApiUnreachable,
     RestClient,
     TokenRefused,
+)
+from vk_provider.cli.tables import (
     format_age,
     format_price,
     offers_table,

@@ -1930,7 +1930,65 @@ async def test_it_is_a_whole_pod_provider_with_every_log_capability(
     )
     assert (caps.multi_container, caps.init_containers, caps.sidecars) == (True, True, True)
     assert caps.probes == "provider"  # B's kubelet probes; the agent shows its verdicts
-    assert (caps.exec, caps.port_forward, caps.usage) == (False, False, False)
+    # Relayed through B's API server (exec and attach, port-forward, metrics.k8s.io).
+    assert (caps.exec, caps.attach, caps.port_forward, caps.usage) == (True, True, True, True)
+
+
+def _pod_metrics(cpu: str, memory: str, at: str) -> JSON:
+    return {
+        "kind": "PodMetrics",
+        "apiVersion": "metrics.k8s.io/v1beta1",
+        "metadata": {"name": f"vk-{UID}-0", "namespace": NAMESPACE},
+        "timestamp": at,
+        "window": "10s",
+        "containers": [{"name": "main", "usage": {"cpu": cpu, "memory": memory}}],
+    }
+
+
+async def test_usage_is_read_from_metrics_k8s_io_and_counted_up(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    name = f"vk-{UID}-0"
+    answers = [
+        _pod_metrics("500m", "64Mi", "2026-01-01T00:00:00Z"),
+        _pod_metrics("250m", "65Mi", "2026-01-01T00:00:20Z"),
+    ]
+    path = f"/apis/metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}/pods/{name}"
+
+    def metrics(request: httpx.Request) -> httpx.Response | None:
+        return httpx.Response(200, json=answers.pop(0)) if request.url.path == path else None
+
+    fake.overrides.append(metrics)
+    (first,) = await provider.usage(name)
+    assert (first.name, first.cpu_core_nanoseconds) == ("main", 5_000_000_000)  # 0.5 x 10 s
+    assert first.memory_working_set_bytes == 64 * 2**20
+    (second,) = await provider.usage(name)
+    assert second.cpu_core_nanoseconds == 5_000_000_000 + 250_000_000 * 20
+    assert second.timestamp - first.timestamp == dt.timedelta(seconds=20)
+    assert fake.calls()[-1] == f"GET {path}"
+
+
+async def test_no_metrics_yet_is_no_usage_not_zero(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    fake.overrides.append(
+        lambda request: (
+            _status(404, "NotFound", 'podmetrics.metrics.k8s.io "x" not found')
+            if "metrics.k8s.io" in request.url.path
+            else None
+        )
+    )
+    assert await provider.usage(f"vk-{UID}-0") == []
+    with pytest.raises(NotFound):
+        await provider.usage("../not-a-pod-name")
+
+
+async def test_exec_into_a_container_the_pod_lacks_names_it(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    instance = await provider.create(_spec(), _offer())
+    with pytest.raises(NotFound, match="has no container 'nope'"):
+        await provider.exec(instance.instance_id, "nope", ["true"], tty=False)
 
 
 async def test_create_sends_the_token_and_returns_a_pending_instance(

@@ -27,7 +27,7 @@ from tests.unit.test_rest_api import (
     client_for,
     review_auth,
 )
-from vk_provider.api.schemas import GpuCatalogOut, GpuGroupOut, GpuRowOut
+from vk_provider.api.operator_schemas import GpuCatalogOut, GpuGroupOut, GpuRowOut
 from vk_provider.domain.budget import BudgetCaps
 
 

@@ -2,7 +2,8 @@
 
 :class:`AgentPods` answers ``/pods`` and ``/runningpods/``; :class:`AgentStreams` finds the
 instance behind ``/exec``, ``/attach`` and ``/portForward`` and asks its provider (through the
-guarded provider, so the breaker sees the call) for an exec session, a log follower or a port.
+guarded provider, so the breaker sees the call) for an exec session, an attachment (its own,
+``SupportsAttach``, else a log follower) or a port.
 Usage (``/stats``) is ``api/nodestats.py``; logs are ``api/podlogs.py``.
 
 A pod is found in the pod store (what the watch delivered: the pods bound to this node), its
@@ -30,6 +31,7 @@ from vk_provider.domain.contract import (
     ExecSession,
     PortStream,
     Provider,
+    SupportsAttach,
     SupportsExec,
     SupportsPortForward,
 )
@@ -131,7 +133,7 @@ class AgentStreams:
         capabilities = provider.capabilities
         offered = {
             "exec": capabilities.exec,
-            "attach": capabilities.follow_logs,
+            "attach": capabilities.attach or capabilities.follow_logs,
             "port-forward": capabilities.port_forward,
         }[operation]
         if not offered:
@@ -163,6 +165,9 @@ class AgentStreams:
         options = LogOptions(follow=True, tail_lines=0, container=ref.container)
 
         async def start() -> ExecSession:
+            if provider.capabilities.attach and isinstance(provider, SupportsAttach):
+                # The provider has a console of its own (a remote cluster's attach).
+                return await provider.attach(instance_id, ref.container, stdin=stdin, tty=tty)
             return LogAttachment(provider.logs(instance_id, options))
 
         return start

@@ -213,7 +213,11 @@ async def serve_command(channels: Channels, start: Starter) -> None:
 
 
 async def _run(channels: Channels, command: ExecSession) -> dict[str, object]:
-    pumps = [asyncio.create_task(_copy_stdin(channels.stdin, command), name="exec-stdin")]
+    pumps = [
+        asyncio.create_task(
+            _copy_stdin(channels.stdin, command, tty=channels.tty), name="exec-stdin"
+        )
+    ]
     if channels.resize is not None:
         pumps.append(asyncio.create_task(_resizes(channels.resize, command), name="exec-resize"))
     try:
@@ -237,8 +241,13 @@ async def _run(channels: Channels, command: ExecSession) -> dict[str, object]:
     return success_status() if code == 0 else exit_status(code)
 
 
-async def _copy_stdin(stream: SpdyStream | None, command: ExecSession) -> None:
+async def _copy_stdin(stream: SpdyStream | None, command: ExecSession, *, tty: bool) -> None:
     if stream is None:
+        # No stdin was asked for: the command's is at its end (a runtime hands it none), so a
+        # provider that relays stdin further (a remote cluster's exec) passes the end on. A
+        # terminal has no end of input, only an EOF character, which would be typed input.
+        if not tty:
+            await command.close_stdin()
         return
     while data := await stream.read():
         await command.write_stdin(data)

@@ -45,14 +45,13 @@ from starlette.exceptions import HTTPException
 from vk_provider import __version__
 from vk_provider.api.authn import RequestAttributes
 from vk_provider.api.metrics import CONTENT_TYPE, Metrics
+from vk_provider.api.operator_schemas import GpuCatalogOut, PlacementOut
 from vk_provider.api.rest_auth import RestAuth, access, non_resource, resource
 from vk_provider.api.schemas import (
     ErrorBody,
     ErrorDetail,
-    GpuCatalogOut,
     OfferOut,
     OverflowOut,
-    PlacementOut,
     PodOut,
     ProviderDetail,
     ProviderSummary,

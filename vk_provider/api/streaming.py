@@ -5,12 +5,13 @@ unless the node declares the ``ExtendWebSocketsToKubelet`` feature in
 ``status.declaredFeatures`` (ours does not), a WebSocket client's exec or attach is
 translated at the API server into SPDY (``StreamTranslatorHandler``: client-go's SPDY
 executor, protocols v5..v1 offered) and a WebSocket port-forward is unwrapped into the SPDY
-it tunnels (``TunnelingHandler``); a SPDY client is proxied as it is. Either way the kubelet
-gets ``POST`` (or ``GET``) with ``Connection: Upgrade``, ``Upgrade: SPDY/3.1`` and
-``X-Stream-Protocol-Version`` headers, answers ``101`` with the version it chose, and the
-connection is SPDY from then on (``api/spdy.py``, ``api/spdy_session.py``);
-``api/remotecommand.py`` and
-``api/portforward.py`` speak the channels.
+it tunnels (``TunnelingHandler``); a SPDY client, and a port-forward WebSocket that tunnels
+nothing (``api/portforward_ws.py``, served as kubelet serves it), are proxied as they are.
+Otherwise the kubelet gets ``POST`` (or ``GET``) with ``Connection: Upgrade``,
+``Upgrade: SPDY/3.1`` and ``X-Stream-Protocol-Version`` headers, answers ``101`` with the
+version it chose, and the connection is SPDY from then on (``api/spdy.py``,
+``api/spdy_session.py``); ``api/remotecommand.py`` and ``api/portforward.py`` speak the
+channels.
 
 Paths, as kubelet's ``server.go``: ``/exec/{ns}/{pod}/{container}``,
 ``/exec/{ns}/{pod}/{uid}/{container}`` (``command`` repeated in the query), the same for
@@ -39,7 +40,7 @@ from typing import Any, Protocol, cast
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
-from vk_provider.api import portforward, remotecommand
+from vk_provider.api import portforward, portforward_ws, remotecommand
 from vk_provider.api.spdy_session import SpdySession
 
 log = logging.getLogger(__name__)
@@ -189,6 +190,8 @@ async def _remote_command(
 
 
 async def _port_forward(request: web.Request) -> web.StreamResponse:
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return await _websocket_port_forward(request)
     refusal = _upgrade_refusal(request)
     if refusal is not None:
         return refusal
@@ -210,12 +213,38 @@ async def _port_forward(request: web.Request) -> web.StreamResponse:
     return await _upgraded(request, protocol, serve)
 
 
+async def _websocket_port_forward(request: web.Request) -> web.StreamResponse:
+    """The plain WebSocket protocol (``api/portforward_ws.py``), which the API server passes on
+    as it is."""
+    try:
+        ports = portforward_ws.requested_ports(list(request.query.items()))
+    except ValueError as exc:
+        return status_response(400, str(exc))
+    ref = _ref(request)
+    try:
+        opener = await request.app[_SOURCE].port_opener(ref)
+    except StreamingRefused as exc:
+        return status_response(exc.status, exc.message)
+    task = asyncio.current_task()
+    tasks = request.app[_TASKS]
+    if task is not None:
+        tasks.add(task)
+    try:
+        return await portforward_ws.serve_websocket_port_forward(
+            request, ports, opener, target=f"pod {ref.pod}, uid {ref.uid}"
+        )
+    finally:
+        if task is not None:
+            tasks.discard(task)
+
+
 def _upgrade_refusal(request: web.Request) -> web.Response | None:
     upgrade = request.headers.get("Upgrade", "").lower()
     connection = request.headers.get("Connection", "").lower()
     if upgrade == "websocket":
-        # The API server translates WebSockets into SPDY for us (we do not declare
-        # ExtendWebSocketsToKubelet); only a client talking to this API directly gets here.
+        # The API server translates exec and attach WebSockets into SPDY for us (we do not
+        # declare ExtendWebSocketsToKubelet); only a client talking to this API directly gets
+        # here (a port-forward WebSocket is served before this).
         return status_response(
             400,
             "this kubelet API speaks SPDY/3.1 only; connect through "

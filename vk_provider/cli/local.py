@@ -24,7 +24,7 @@ from rich.table import Table
 from providers.local.adapter import LocalProvider
 from providers.local.config import LocalProviderConfig
 from providers.local.faults import clear_faults, inject_loss, set_faults
-from vk_provider.cli.client import print_table
+from vk_provider.cli.tables import print_table
 
 local_app = typer.Typer(
     help="Steer the local provider by hand: inject and clear faults, lose instances.",

@@ -7,7 +7,8 @@ rest of the agent cannot call an adapter around its breaker. While the breaker i
 cool-down, which is the cheap ``offers`` call. ``delete`` is always attempted: stopping a
 paid instance matters more than sparing a sick provider a request.
 
-The optional operations (``exec``, ``open_port``, ``usage``, ``restart_container``) go
+The optional operations (``exec``, ``attach``, ``open_port``, ``usage``,
+``restart_container``) go
 through the same breaker and metrics when the wrapped adapter has them; when it has not,
 they raise ``InvalidSpec`` naming the provider. ``capabilities`` are the adapter's, so
 callers check them first, exactly as with the adapter itself. Only the *start* of an exec
@@ -34,6 +35,7 @@ from vk_provider.domain.contract import (
     ExecSession,
     PortStream,
     Provider,
+    SupportsAttach,
     SupportsContainerRestart,
     SupportsExec,
     SupportsPortForward,
@@ -185,6 +187,17 @@ class GuardedProvider:
         self._refuse_if_open("exec")
         return await self._call(
             "exec", lambda: inner.exec(instance_id, container, command, tty=tty)
+        )
+
+    async def attach(
+        self, instance_id: str, container: str, *, stdin: bool, tty: bool
+    ) -> ExecSession:
+        inner = self._inner
+        if not isinstance(inner, SupportsAttach):
+            raise self._unsupported("attach")
+        self._refuse_if_open("attach")
+        return await self._call(
+            "attach", lambda: inner.attach(instance_id, container, stdin=stdin, tty=tty)
         )
 
     async def open_port(self, instance_id: str, port: int) -> PortStream:

@@ -120,8 +120,9 @@ class NodeController:
                 },
             )
             self._node_uid = existing["metadata"]["uid"]
-        await self.update_status()
+        # The Lease first: whoever sees the node Ready can rely on its Lease being there.
         await self.renew_lease()
+        await self.update_status()
         self.registered.set()
 
     async def update_status(self) -> None:

@@ -73,7 +73,8 @@ class Provider(Protocol):
 
 # --------------------------------------------------------------------------- optional operations
 # A provider offers these when its ``Capabilities`` say so (``exec``, ``port_forward``,
-# ``usage``, ``multi_container`` with agent-run probes); callers check the capability first.
+# ``usage``, ``multi_container`` with agent-run probes; ``SupportsAttach`` with ``exec``);
+# callers check the capability first.
 
 
 class ExecSession(Protocol):
@@ -106,6 +107,16 @@ class SupportsExec(Protocol):
         self, instance_id: str, container: str, command: list[str], *, tty: bool
     ) -> ExecSession:
         """Start ``command`` in ``container``; raises ``NotFound`` or ``InvalidSpec``."""
+        ...
+
+
+@runtime_checkable
+class SupportsAttach(Protocol):
+    async def attach(
+        self, instance_id: str, container: str, *, stdin: bool, tty: bool
+    ) -> ExecSession:
+        """The running ``container``'s own console (kubectl attach); a provider without this
+        is attached to by following its log (``follow_logs``)."""
         ...
 
 

@@ -139,6 +139,9 @@ class Capabilities:
     sidecars: bool = False
     # Optional operations (``contract.SupportsExec`` ...).
     exec: bool = False
+    # kubectl attach to the container's own console (``contract.SupportsAttach``); without
+    # it, attach follows the container's log (``follow_logs``).
+    attach: bool = False
     port_forward: bool = False
     usage: bool = False
     # Who runs probes: the provider's own runtime ("provider", a remote kubelet), the agent
