@@ -1,8 +1,11 @@
 """Run the real agent (`vk-provider run`) as a child process against the session's cluster.
 
 Each test gets its own virtual node name and local-provider state directories, so tests do
-not share state. ``AgentHarness.stop_all`` stops every agent, terminates every simulated
-instance and deletes the test's Node objects.
+not share state; ``AgentHarness.replica`` starts a second agent of the same node on the same
+provider state, as a second replica of one Deployment. Each agent has a pod name of its own
+(``POD_NAME``, its leader-election identity), kept across restarts as a pod's is.
+``AgentHarness.stop_all`` stops every agent, terminates every simulated instance and deletes
+the test's Node objects and election Leases.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class AgentProcess:
     process: subprocess.Popen[bytes] | None = None
     provider_dirs: dict[str, Path] = field(default_factory=dict)
     provider_entries: list[dict[str, Any]] = field(default_factory=list)
+    pod_name: str = ""
     # Extra environment (a Deployment's env, resolved as a kubelet would).
     env: dict[str, str] = field(default_factory=dict)
 
@@ -83,7 +87,12 @@ class AgentProcess:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+            env={
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                "POD_NAME": self.pod_name or f"{self.node}-0",
+                **self.env,
+            },
         )
         log.close()
 
@@ -128,6 +137,8 @@ class AgentHarness:
         overflow: dict[str, Any] | None = None,
         rest_static_token: bool = True,
         start: bool = True,
+        leader_election: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
     ) -> AgentProcess:
         node_name = f"vk-{uuid.uuid4().hex[:8]}"
         root = self._tmp / node_name
@@ -167,6 +178,8 @@ class AgentHarness:
             config["budget"] = budget
         if overflow:
             config["overflow"] = overflow
+        if leader_election:
+            config["leader_election"] = leader_election
         provider_entries = list(config["providers"])
         config_path = root / "agent.yaml"
         config_path.write_text(yaml.safe_dump(config))
@@ -178,6 +191,30 @@ class AgentHarness:
             kubeconfig=kubeconfig or self._cluster.kubeconfig,
             provider_dirs=provider_dirs,
             provider_entries=provider_entries,
+            pod_name=f"{node_name}-0",
+            env=dict(env or {}),
+        )
+        self.agents.append(agent)
+        if start:
+            agent.start()
+        return agent
+
+    def replica(self, of: AgentProcess, *, start: bool = True) -> AgentProcess:
+        """Another replica of ``of``: same configuration (node, provider state directories),
+        its own pod name, state directory (TLS material) and log."""
+        index = sum(1 for a in self.agents if a.node == of.node)
+        root = of.config_path.parent / f"replica-{index}"
+        root.mkdir()
+        agent = AgentProcess(
+            node=of.node,
+            config_path=of.config_path,
+            state_dir=root / "state",
+            log_path=root / "agent.log",
+            kubeconfig=of.kubeconfig,
+            provider_dirs=of.provider_dirs,
+            provider_entries=of.provider_entries,
+            pod_name=f"{of.node}-{index}",
+            env=dict(of.env),
         )
         self.agents.append(agent)
         if start:
@@ -203,6 +240,24 @@ class AgentHarness:
                     "delete",
                     "node",
                     agent.node,
+                    "--ignore-not-found",
+                    "--wait=false",
+                ],
+                capture_output=True,
+                check=False,
+                timeout=30,
+            )
+        for node in {agent.node for agent in self.agents}:
+            subprocess.run(
+                [
+                    _kubectl(),
+                    "--kubeconfig",
+                    str(self._cluster.kubeconfig),
+                    "delete",
+                    "lease",
+                    "-n",
+                    "kube-node-lease",
+                    f"vk-provider-leader-{node}",
                     "--ignore-not-found",
                     "--wait=false",
                 ],

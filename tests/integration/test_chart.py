@@ -120,6 +120,7 @@ def test_the_service_account_roles_are_deploy_rbac_yaml_s(helm: Path) -> None:
         ("ClusterRole", "r-vk-provider", "vk-provider"),
         ("Role", "r-vk-provider-lease", "vk-provider-lease"),
         ("ClusterRole", "r-vk-provider-viewer", "vk-provider-viewer"),
+        ("Role", "r-vk-provider-leader-election", "vk-provider-leader-election"),
     ):
         assert ours[(kind, chart_name)]["rules"] == raw[(kind, raw_name)]["rules"], chart_name
 
@@ -184,12 +185,21 @@ async def _service_account_kubeconfig(
 async def _deployment_env(
     core: client.CoreV1Api, namespace: str, deployment: dict[str, Any]
 ) -> dict[str, str]:
-    """The agent container's env as a kubelet resolves it (secretKeyRef read from the Secret)."""
+    """The agent container's env as a kubelet resolves it (secretKeyRef read from the Secret;
+    the downward API's pod name and namespace as they would be for the Deployment's pod)."""
     container = deployment["spec"]["template"]["spec"]["containers"][0]
+    pod_fields = {
+        "metadata.name": f"{deployment['metadata']['name']}-0",
+        "metadata.namespace": namespace,
+    }
     env: dict[str, str] = {}
     for entry in container.get("env") or []:
         ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
-        if ref:
+        field_ref = (entry.get("valueFrom") or {}).get("fieldRef")
+        if field_ref:
+            if field_ref["fieldPath"] in pod_fields:  # status.podIP: no pod here
+                env[entry["name"]] = pod_fields[field_ref["fieldPath"]]
+        elif ref:
             secret = await core.read_namespaced_secret(ref["name"], namespace)
             env[entry["name"]] = base64.b64decode(secret.data[ref["key"]]).decode()
         elif "value" in entry:

@@ -71,7 +71,9 @@ async def test_agent_runs_with_only_the_deployed_rbac(
     kubeconfig = tmp_path / "sa.kubeconfig"
     kubeconfig.write_text(yaml.safe_dump(admin))
 
-    agent = agents.start(kubeconfig=kubeconfig)
+    # As deploy/agent.yaml sets it: the election Lease goes to the agent's own namespace,
+    # which only deploy/rbac.yaml's vk-provider-leader-election Role opens.
+    agent = agents.start(kubeconfig=kubeconfig, env={"POD_NAMESPACE": "vk-provider"})
 
     async def ready() -> bool:
         node = await api.get_node(agent.node)
@@ -79,6 +81,8 @@ async def test_agent_runs_with_only_the_deployed_rbac(
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     await wait_for(ready, timeout=60, what="node Ready with SA credentials")
+    lease = await api.get_lease(f"vk-provider-leader-{agent.node}", namespace="vk-provider")
+    assert lease is not None and lease["spec"]["holderIdentity"] == agent.pod_name, lease
     command = [sys.executable, "-c", "print('as a service account', flush=True)"]
     await core.create_namespaced_pod(
         namespace, pod_on(agent.node, "sa-pod", command=command, restart_policy="Never")

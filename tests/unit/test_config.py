@@ -123,6 +123,26 @@ KUBE = {"type": "kubernetes", "name": "k8s", "kubeconfig": "file:/etc/kc"}
             "identity.renew_fraction",
             "0.9",
         ),
+        (
+            {"providers": [RUNPOD], "leader_election": {"renew_deadline_seconds": 15}},
+            "leader_election.renew_deadline_seconds",
+            "less than lease_duration_seconds (15)",
+        ),
+        (
+            {"providers": [RUNPOD], "leader_election": {"retry_period_seconds": 10}},
+            "leader_election.retry_period_seconds",
+            "less than renew_deadline_seconds (10)",
+        ),
+        (
+            {"providers": [RUNPOD], "leader_election": {"namespace": "Kube_System"}},
+            "leader_election.namespace",
+            "DNS label",
+        ),
+        (
+            {"providers": [RUNPOD], "node": {"name": "n" * 240}},
+            "leader_election.lease_name",
+            "longer than 253",
+        ),
     ],
 )
 def test_each_mistake_names_its_field(config: dict[str, Any], field: str, why: str) -> None:
@@ -332,3 +352,19 @@ def test_config_schema_prints_it_and_check_config_points_to_it(tmp_path: Path) -
     assert refused.returncode == 2
     assert "providers[0].extra: unknown key" in refused.stderr
     assert "vk-provider config schema" in refused.stderr
+
+
+def test_leader_election_defaults_fit_a_two_replica_deployment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    election = parse_config({"providers": [RUNPOD]}).leader_election
+    assert election.enabled
+    assert election.timing.lease_duration == 15 and election.timing.renew_deadline == 10
+    assert election.timing.retry_period == 2
+    assert election.name_for("vk-gpu") == "vk-provider-leader-vk-gpu"
+    monkeypatch.setenv("POD_NAME", "vk-provider-7d9f-abcde")
+    monkeypatch.setenv("POD_NAMESPACE", "vk-provider")
+    assert election.resolved_identity() == "vk-provider-7d9f-abcde"
+    assert election.resolved_namespace() == "vk-provider"
+    monkeypatch.delenv("POD_NAME")
+    assert election.resolved_identity().endswith(f"_{os.getpid()}")

@@ -144,6 +144,16 @@ class Metrics:
             "Node Lease renewals that failed or were skipped because no provider answered.",
             registry=self.registry,
         )
+        self.leader = Gauge(
+            f"{PREFIX}_leader",
+            "1 while this replica leads (runs the node), 0 while it follows.",
+            registry=self.registry,
+        )
+        self.leader_transitions = Counter(
+            f"{PREFIX}_leader_transitions",
+            "Times this replica started or stopped leading.",
+            registry=self.registry,
+        )
         self.queue_depth = Gauge(
             f"{PREFIX}_workqueue_depth",
             "Keys waiting in a work queue for a worker.",

@@ -20,7 +20,9 @@ Invariants:
   ``/metrics`` too unless ``open_metrics``; ``/healthz``, ``/readyz`` and ``/openapi.json``
   are open. Missing or refused credentials answer 401 with ``WWW-Authenticate: Bearer``, a
   token without the right 403; a reviewer that cannot tell (the API server is down) answers
-  503, so a caller retries instead of giving up.
+  503, so a caller retries instead of giving up. A replica that is not the leader answers
+  every authorised ``/v1`` call 503 "not the leader (<holder> leads)" and ``/readyz`` 503 with
+  the same reason, so a Service routes to the leader only.
 - Every error is JSON ``{"error": {"code": ..., "message": ...}}`` (401, 403, 404, 405, 422,
   500, 503), and the OpenAPI document says so for each route.
 """
@@ -159,8 +161,15 @@ def build_app(
         redoc_url=None,
     )
 
+    async def leader_only() -> None:
+        # A follower's view is empty (it runs nothing): saying so beats answering from it.
+        reason = view.not_leading()
+        if reason is not None:
+            raise HTTPException(503, f"{reason}: ask the leader (the Service routes to it)")
+
     def may(attributes: RequestAttributes) -> list[Any]:
-        return [Depends(access(auth, attributes))]
+        # Authorised first, so a follower answers 401/403 exactly as the leader would.
+        return [Depends(access(auth, attributes)), Depends(leader_only)]
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:

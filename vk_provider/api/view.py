@@ -80,6 +80,7 @@ class AgentView:
         ledger: BudgetLedger,
         placements: Callable[[], list[PodPlacement]],
         readiness: Callable[[], Readiness],
+        not_leading: Callable[[], str | None] = lambda: None,
         overdue: Callable[[], Sequence[tuple[str, str]]] = tuple,
         overflow: Callable[[], OverflowView | None] | None = None,
         instances: Callable[[], Sequence[Instance]] = tuple,
@@ -95,6 +96,7 @@ class AgentView:
         self._ledger = ledger
         self._placements = placements
         self._readiness = readiness
+        self._not_leading = not_leading  # why this replica does not serve /v1, or None
         self._overdue = overdue  # (provider, instance id) of terminations not yet confirmed
         self._clock = clock
 
@@ -154,6 +156,10 @@ class AgentView:
 
     def readiness(self) -> Readiness:
         return self._readiness()
+
+    def not_leading(self) -> str | None:
+        """None on the leader (or without election); else why /v1 is not served here."""
+        return self._not_leading()
 
     @property
     def overflow_enabled(self) -> bool:

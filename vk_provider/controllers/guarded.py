@@ -17,7 +17,9 @@ session or a port stream is a guarded call; the bytes that follow are the caller
 Invariants: an adapter exception other than ``ProviderError`` is wrapped into ``Transient``
 naming the adapter, so callers only ever see the taxonomy; a failed ``create`` has the spec's
 secret env values redacted from its error in every form (a second layer after the
-adapter's own), before the breaker, a log line or an Event sees it.
+adapter's own), before the breaker, a log line or an Event sees it; every write (create,
+delete, container restart) passes the ``fence`` first — leader election's, so a replica that
+does not lead never launches or stops an instance.
 """
 
 from __future__ import annotations
@@ -62,7 +64,11 @@ class GuardedProvider:
         breaker: CircuitBreaker,
         *,
         observe: CallObserver = _ignore,
+        fence: Callable[[str], None] = lambda operation: None,
     ) -> None:
+        # Raises before any write (create, delete, container restart) when this replica may
+        # not write now: leader election's fence (``controllers.leader``).
+        self._fence = fence
         self._inner = inner
         self.breaker = breaker
         self._observe = observe
@@ -146,6 +152,7 @@ class GuardedProvider:
         return await self._call("offers", self._inner.offers)
 
     async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
+        self._fence(f"create an instance on {self.name}")
         self._refuse_if_open("create")
         secrets = Redactor(tuple(var.value for var in spec.env if var.secret))
         return await self._call("create", lambda: self._inner.create(spec, offer), secrets)
@@ -155,6 +162,7 @@ class GuardedProvider:
         return await self._call("get", lambda: self._inner.get(instance_id))
 
     async def delete(self, instance_id: str, *, grace_seconds: float) -> None:
+        self._fence(f"delete instance {instance_id} on {self.name}")
         await self._call(
             "delete", lambda: self._inner.delete(instance_id, grace_seconds=grace_seconds)
         )
@@ -210,6 +218,7 @@ class GuardedProvider:
         inner = self._inner
         if not isinstance(inner, SupportsContainerRestart):
             raise self._unsupported("container restart")
+        self._fence(f"restart a container of {instance_id} on {self.name}")
         self._refuse_if_open("restart_container")
         await self._call(
             "restart_container", lambda: inner.restart_container(instance_id, container)

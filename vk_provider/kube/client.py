@@ -8,6 +8,8 @@ Invariants:
   connection cannot hang a controller.
 - API errors are translated once, here: 404 → ``None`` / ``NotFoundError``, 409 →
   ``ConflictError``, 410 → ``GoneError``; anything else stays an ``ApiError``.
+- Writes to the node, pods, Events and the node Lease pass ``may_write`` first (leader
+  election: a replica that does not lead writes none of them).
 - Pod status is written through the ``/status`` subresource with a JSON merge patch (lists are
   replaced whole, so a container state never keeps a stale ``waiting`` next to ``running``).
 """
@@ -15,7 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,9 @@ class KubeClient:
 
     def __init__(self, api: ApiClient) -> None:
         self._bind(api)
+        # Whether this replica may write the node, its pods, Events and the node Lease now
+        # (leader election sets it; the election's own Lease writes pass ``fenced=False``).
+        self.may_write: Callable[[], bool] = lambda: True
 
     def _bind(self, api: ApiClient) -> None:
         self._api = api
@@ -123,6 +128,10 @@ class KubeClient:
         previous = self._api
         self._bind(api)
         return previous
+
+    def _fence(self, what: str) -> None:
+        if not self.may_write():
+            raise ApiError(0, f"not the leader: refusing to {what}")
 
     @classmethod
     async def connect(cls, kubeconfig: Path | None = None) -> KubeClient:
@@ -232,6 +241,7 @@ class KubeClient:
         """Merge-patch the pod's status; ``metadata`` (annotations, labels, a ``uid``
         precondition) goes in the same request: the status subresource keeps a pod's spec
         but takes its labels and annotations, so placing a pod is one write."""
+        self._fence(f"write the status of pod {namespace}/{name}")
         body: dict[str, Any] = {"status": status}
         if metadata:
             body["metadata"] = dict(metadata)
@@ -251,6 +261,7 @@ class KubeClient:
 
         A missing pod or a different pod by the same name (409 precondition) means done.
         """
+        self._fence(f"delete pod {namespace}/{name}")
         options = client.V1DeleteOptions(
             grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)
         )
@@ -292,6 +303,7 @@ class KubeClient:
     # ------------------------------------------------------------------ events
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> JSON:
+        self._fence("create an Event")
         return await _json(
             self.core.create_namespaced_event(
                 namespace, dict(event), _preload_content=False, _request_timeout=_TIMEOUT
@@ -299,6 +311,7 @@ class KubeClient:
         )
 
     async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON:
+        self._fence("update an Event")
         return await _json(
             self.core.patch_namespaced_event(
                 name,
@@ -321,12 +334,14 @@ class KubeClient:
             return None
 
     async def create_node(self, node: Mapping[str, Any]) -> JSON:
+        self._fence("register the node")
         return await _json(
             self.core.create_node(dict(node), _preload_content=False, _request_timeout=_TIMEOUT)
         )
 
     async def delete_node(self, name: str) -> None:
         """Delete the Node (gone already is fine)."""
+        self._fence(f"delete node {name}")
         try:
             await _json(
                 self.core.delete_node(name, _preload_content=False, _request_timeout=_TIMEOUT)
@@ -335,6 +350,7 @@ class KubeClient:
             return
 
     async def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON:
+        self._fence(f"patch node {name}")
         return await _json(
             self.core.patch_node(
                 name,
@@ -348,6 +364,7 @@ class KubeClient:
     async def patch_node_status(self, name: str, status: Mapping[str, Any]) -> JSON:
         """A strategic merge: conditions merge by type, so the node controller's and the
         overflow flip's conditions never overwrite each other."""
+        self._fence(f"write the status of node {name}")
         return await _json(
             self.core.patch_node_status(
                 name,
@@ -358,32 +375,55 @@ class KubeClient:
             )
         )
 
-    async def get_lease(self, name: str) -> JSON | None:
+    async def get_lease(
+        self, name: str, *, namespace: str = LEASE_NAMESPACE, request_timeout: float = _TIMEOUT
+    ) -> JSON | None:
+        """The Lease, or None; ``request_timeout`` bounds the call (a renew deadline)."""
         try:
             return await _json(
                 self.coordination.read_namespaced_lease(
-                    name, LEASE_NAMESPACE, _preload_content=False, _request_timeout=_TIMEOUT
+                    name, namespace, _preload_content=False, _request_timeout=request_timeout
                 )
             )
         except NotFoundError:
             return None
 
-    async def create_lease(self, lease: Mapping[str, Any]) -> JSON:
+    async def create_lease(
+        self,
+        lease: Mapping[str, Any],
+        *,
+        namespace: str = LEASE_NAMESPACE,
+        request_timeout: float = _TIMEOUT,
+        fenced: bool = True,
+    ) -> JSON:
+        """Create; one that exists already yields ``ConflictError``."""
+        if fenced:
+            self._fence(f"create Lease {namespace}/{lease['metadata']['name']}")
         return await _json(
             self.coordination.create_namespaced_lease(
-                LEASE_NAMESPACE, dict(lease), _preload_content=False, _request_timeout=_TIMEOUT
+                namespace, dict(lease), _preload_content=False, _request_timeout=request_timeout
             )
         )
 
-    async def replace_lease(self, name: str, lease: Mapping[str, Any]) -> JSON:
+    async def replace_lease(
+        self,
+        name: str,
+        lease: Mapping[str, Any],
+        *,
+        namespace: str = LEASE_NAMESPACE,
+        request_timeout: float = _TIMEOUT,
+        fenced: bool = True,
+    ) -> JSON:
         """PUT with the lease's resourceVersion: a concurrent writer yields ``ConflictError``."""
+        if fenced:
+            self._fence(f"renew Lease {namespace}/{name}")
         return await _json(
             self.coordination.replace_namespaced_lease(
                 name,
-                LEASE_NAMESPACE,
+                namespace,
                 dict(lease),
                 _preload_content=False,
-                _request_timeout=_TIMEOUT,
+                _request_timeout=request_timeout,
             )
         )
 

@@ -1,15 +1,19 @@
 """The agent process: wires every part from the configuration and supervises its tasks.
 
 All long-lived tasks start here and nowhere else, under one supervisor
-(``runtime.supervisor``): the REST and kubelet API servers, the node Lease and status loops,
-the pod watch, reconciliation and the pod workers. If any of them ends or dies, the agent logs
-which one and why and stops with a non-zero exit. SIGTERM/SIGINT stop everything within
-bounded time and exit 0.
+(``runtime.supervisor``): the REST API on every replica; on the elected leader only
+(``controllers.leader``), the kubelet API, the node Lease and status loops, the pod watch,
+reconciliation, the pod workers and the overflow flip, beside the election's renewals. If any
+of them ends or dies — the renewals included, when the renew deadline passes — the agent logs
+which one and why and stops with a non-zero exit (a replica that lost the lead restarts as a
+follower). SIGTERM/SIGINT stop everything within bounded time, release the election Lease and
+exit 0.
 
 Invariants: wiring only — settings objects are passed to the parts that use them, never
 copied field by field; providers are built (by the registry) before anything touches the
 cluster, so a bad provider configuration fails fast; the node is registered before pods are
-watched.
+watched; nothing writes to the node, pods or providers before this replica leads, and
+provider writes are fenced by the election's deadline.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import contextlib
 import ipaddress
 import logging
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +39,7 @@ from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certifi
 from vk_provider.api.view import AgentView, Readiness
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.launch import Launcher
+from vk_provider.controllers.leader import LeaderElector
 from vk_provider.controllers.node import NodeController, default_address
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.overflow import OverflowController
@@ -54,7 +59,7 @@ from vk_provider.kube.events import EventRecorder
 from vk_provider.kube.nodeidentity import NodeIdentity
 from vk_provider.runtime.preflight import checked_providers, close_all, start_providers
 from vk_provider.runtime.registry import Registry
-from vk_provider.runtime.supervisor import SHUTDOWN_SECONDS, supervise
+from vk_provider.runtime.supervisor import SHUTDOWN_SECONDS, Root, supervise
 from vk_provider.settings.agent import AgentConfig
 from vk_provider.settings.paths import state_root
 
@@ -64,7 +69,11 @@ IN_CLUSTER_CA = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
 
 
 def guard(
-    providers: Mapping[str, Provider], config: AgentConfig, metrics: Metrics
+    providers: Mapping[str, Provider],
+    config: AgentConfig,
+    metrics: Metrics,
+    *,
+    fence: Callable[[str], None] = lambda operation: None,
 ) -> dict[str, GuardedProvider]:
     settings = config.placement
     return {
@@ -75,6 +84,7 @@ def guard(
                 cooldown_seconds=settings.breaker_cooldown_seconds,
             ),
             observe=metrics.observe_call,
+            fence=fence,
         )
         for name, provider in providers.items()
     }
@@ -109,6 +119,7 @@ class Agent:
     overflow: OverflowController | None = None
     # identity: node — the certificate behind ``kube``, renewed by a root task of its own.
     identity: NodeIdentity | None = None
+    elector: LeaderElector | None = None
 
     @classmethod
     async def create(
@@ -128,7 +139,21 @@ class Agent:
         state = state_dir
         intervals = config.intervals
         metrics = Metrics()
-        guarded = guard(providers, config, metrics)
+
+        def leading_changed(leading: bool) -> None:
+            metrics.leader.set(1 if leading else 0)
+            metrics.leader_transitions.inc()
+
+        admin = node_admin or kube
+        # The election's Lease lives in the agent's namespace: written with the ServiceAccount
+        # (a node identity may only touch its own node Lease in kube-node-lease).
+        elector = leader_elector(config, admin, on_change=leading_changed)
+        if elector is not None:
+            for client in {id(kube): kube, id(admin): admin}.values():
+                client.may_write = elector.is_leader  # node, pod, Event and node Lease writes
+        guarded = guard(
+            providers, config, metrics, fence=elector.fence if elector else lambda op: None
+        )
         calls: dict[str, Provider] = dict(guarded)  # every call through its breaker
         offers = OfferBook(calls, ttl_seconds=intervals.offers_ttl_seconds)
         api_cfg = config.kubelet_api
@@ -252,8 +277,15 @@ class Agent:
             observer=metrics,
         )
 
+        def not_leading() -> str | None:
+            if elector is None or elector.is_leader():
+                return None
+            return f"not the leader ({elector.holder or 'nobody'} leads)"
+
         def readiness() -> Readiness:
             reasons = []
+            if (follower := not_leading()) is not None:
+                reasons.append(follower)
             if not node.registered.is_set():
                 reasons.append("the node is not registered yet")
             if not watch.live.is_set():
@@ -267,6 +299,7 @@ class Agent:
             ledger=ledger,
             placements=pods.placements,
             readiness=readiness,
+            not_leading=not_leading,
             overdue=lambda: reconciler.overdue,
             overflow=overflow.view if overflow is not None else None,
             instances=pods.tracker.all,
@@ -302,40 +335,24 @@ class Agent:
             view,
             rest_api,
             overflow,
+            elector=elector,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set (clean exit) or a root task dies (``AgentFailed``)."""
+        """Run until ``stop`` is set (clean exit) or a root task dies (``AgentFailed``).
+
+        Every replica serves the REST API (``/healthz`` live, ``/readyz`` and ``/v1`` say
+        "not the leader" on a follower); only the elected one runs the node.
+        """
         try:
             # REST first: /healthz answers and /readyz says 503 while the node registers.
             await self.rest_api.start()
             log.info("REST API on %s:%d", self.config.rest.host, self.rest_api.port)
-            await self.kubelet_api.start()
-            # The node advertises the port actually bound (0 in tests means "any free port").
-            self.node.kubelet_port = self.kubelet_api.port
-            await self.offers.refresh()
-            await self.node.register()
-            log.info(
-                "node %s registered; kubelet API on port %d", self.node.name, self.kubelet_api.port
-            )
-            roots = {
-                "rest-api": self.rest_api.serve,
-                "kubelet-api": self.kubelet_api.serve,
-                "node-lease": self.node.run_lease_loop,
-                "node-status": self.node.run_status_loop,
-                "pod-watch": self.watch.run,
-                "reconcile": self.reconciler.run,
-                "pod-workers": self.pods.run_workers,
-            }
-            if self.overflow is not None:
-                roots["overflow"] = self.overflow.run
+            roots: dict[str, Root] = {"rest-api": self.rest_api.serve, "leader": self._lead}
             if self.identity is not None:
+                # Every replica keeps its node certificate fresh, leader or not.
                 roots["node-certificate"] = self.identity.renew_forever
-            await supervise(
-                roots,
-                stop,
-                before_cancel=self.pods.queue.close,
-            )
+            await supervise(roots, stop)
         finally:
             # Idempotent: the servers' roots stop them too; this covers a failed start.
             with contextlib.suppress(Exception):
@@ -348,6 +365,48 @@ class Agent:
             for provider in self.providers.values():
                 with contextlib.suppress(Exception):
                     await provider.close()
+
+    async def _lead(self) -> None:
+        """Wait to be elected, then run the node beside the renewals until stopped.
+
+        The renewals (``keep``) and the node's work are roots of one supervisor: when the
+        renew deadline passes, ``keep`` raises and every leader task is cancelled at once; the
+        agent then exits non-zero and its pod restarts as a follower. On a clean stop the
+        leader tasks stop first and the Lease is released after, so the follower takes over
+        on its next read.
+        """
+        elector = self.elector
+        roots: dict[str, Root] = {"node": self._run_node}
+        if elector is not None:
+            await elector.acquire()
+            roots["leader-election"] = elector.keep
+        try:
+            await supervise(roots, asyncio.Event())  # ends by cancellation or a failure
+        finally:
+            if elector is not None:
+                await elector.release()  # a no-op unless this replica still leads
+
+    async def _run_node(self) -> None:
+        """The leader's work: register the node, then its loops, pods and flip."""
+        await self.kubelet_api.start()
+        # The node advertises the port actually bound (0 in tests means "any free port").
+        self.node.kubelet_port = self.kubelet_api.port
+        await self.offers.refresh()
+        await self.node.register()
+        log.info(
+            "node %s registered; kubelet API on port %d", self.node.name, self.kubelet_api.port
+        )
+        roots = {
+            "kubelet-api": self.kubelet_api.serve,
+            "node-lease": self.node.run_lease_loop,
+            "node-status": self.node.run_status_loop,
+            "pod-watch": self.watch.run,
+            "reconcile": self.reconciler.run,
+            "pod-workers": self.pods.run_workers,
+        }
+        if self.overflow is not None:
+            roots["overflow"] = self.overflow.run
+        await supervise(roots, asyncio.Event(), before_cancel=self.pods.queue.close)
 
 
 def is_loopback(address: str) -> bool:
@@ -397,6 +456,23 @@ def overflow_controller(
         gpu_requests=pods.gpu_requests,
         observer=observer,
         node_admin=node_admin,
+    )
+
+
+def leader_elector(
+    config: AgentConfig, kube: KubeClient, *, on_change: Callable[[bool], None]
+) -> LeaderElector | None:
+    """The elector of this replica; None when leader election is off."""
+    election = config.leader_election
+    if not election.enabled:
+        return None
+    return LeaderElector(
+        kube,
+        name=election.name_for(config.node.name),
+        namespace=election.resolved_namespace(),
+        identity=election.resolved_identity(),
+        timing=election.timing,
+        on_change=on_change,
     )
 
 

@@ -23,6 +23,7 @@ from vk_provider.domain.budget import BudgetCaps
 from vk_provider.domain.node import NodeCaps
 from vk_provider.domain.placement import PlacementPolicy
 from vk_provider.settings.identity import IdentityConfig
+from vk_provider.settings.leader import LeaderElectionConfig
 from vk_provider.settings.overflow import OverflowConfig
 from vk_provider.settings.providers import ProviderSettings
 from vk_provider.settings.secrets import ConfigError, SecretRef, Strict
@@ -272,6 +273,20 @@ class AgentConfig(Strict):
         description="The overflow flip (PRODUCT.md §12): the node takes the cluster's overflow "
         "while its own GPUs are full.",
     )
+    leader_election: LeaderElectionConfig = Field(
+        default_factory=LeaderElectionConfig,
+        description="Lease-based leader election: of several replicas one runs the node.",
+    )
+
+    @model_validator(mode="after")
+    def _lease_name_fits(self) -> AgentConfig:
+        name = self.leader_election.name_for(self.node.name)
+        if len(name) > 253:
+            raise ValueError(
+                f"leader_election.lease_name: the default {name[:40]}… is longer than 253 "
+                "characters (node.name is long); set a shorter name"
+            )
+        return self
 
     @model_validator(mode="after")
     def _overflow_taint(self) -> AgentConfig:

@@ -61,9 +61,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   "kubelet_api" (dict "listen" (printf "0.0.0.0:%d" (int .Values.ports.kubeletApi)))
   "rest" (dict "listen" (printf "0.0.0.0:%d" (int .Values.ports.rest)))
 -}}
+{{- $election := dict "enabled" (.Values.leaderElection.enabled | default false) -}}
 {{- if .Values.leaderElection.enabled -}}
-{{- $_ := set $base "leader_election" .Values.leaderElection.config -}}
+{{- $election = mustMergeOverwrite (dict "enabled" true "namespace" .Release.Namespace) (deepCopy .Values.leaderElection.config) -}}
 {{- end -}}
+{{- $_ := set $base "leader_election" $election -}}
 {{- $config := mustMergeOverwrite $base (deepCopy .Values.config) -}}
 {{- toYaml $config -}}
 {{- end -}}
