@@ -96,7 +96,7 @@ def test_helm_lint_passes_for_both_identities(helm: Path, tmp_path: Path) -> Non
 def test_bad_values_fail_the_render_naming_the_value(helm: Path, tmp_path: Path) -> None:
     for values, field in (
         ({"identity": "root"}, "identity:"),
-        ({"replicas": 2}, "replicas:"),
+        ({"replicas": 2, "leaderElection": {"enabled": False}}, "replicas:"),
         ({"credentials": [{"env": "X", "secretName": "s"}]}, "credentials[0]:"),
     ):
         rendered = _run(
