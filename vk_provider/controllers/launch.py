@@ -26,7 +26,7 @@ uses it as ``launch`` does.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vk_provider.domain.budget import BudgetLedger, BudgetView
@@ -39,6 +39,7 @@ from vk_provider.domain.errors import (
     RateLimited,
 )
 from vk_provider.domain.models import Instance, Offer, WorkloadSpec
+from vk_provider.domain.offerindex import OfferIndex
 from vk_provider.domain.placement import (
     Placement,
     PlacementPolicy,
@@ -152,7 +153,7 @@ class Launcher:
     def plan(
         self,
         request: PlacementRequest,
-        offers: list[Offer],
+        offers: Sequence[Offer] | OfferIndex,
         *,
         namespace: str,
         uid: str,
@@ -184,7 +185,7 @@ class Launcher:
         self,
         spec: WorkloadSpec,
         request: PlacementRequest,
-        offers: list[Offer],
+        offers: Sequence[Offer] | OfferIndex,
         *,
         prefer: str | None = None,
         allow_avoided: bool = True,

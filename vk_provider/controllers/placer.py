@@ -126,7 +126,7 @@ class Placer:
                 return
         if previous is None and await self._adopt_existing(pod, memory):
             return
-        offers = await self._offers.offers()
+        offers = await self._offers.index()
         result = await self._launcher.launch(
             spec,
             request,
