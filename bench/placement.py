@@ -259,11 +259,19 @@ def best_of(repeats: int, run: Callable[[], object]) -> float:
     return best
 
 
+def speedup(*, repeats: int = 3) -> float:
+    """``place()``'s decisions/s over the single-pass baseline's (for ``python -m bench``)."""
+    return measure(repeats, quiet=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.placement", description=__doc__)
     parser.add_argument("--repeats", type=int, default=3, help="timing rounds; the best counts")
     args = parser.parse_args(argv)
+    measure(args.repeats, quiet=False)
 
+
+def measure(repeats: int, *, quiet: bool) -> float:
     rng = random.Random(SEED)  # noqa: S311 - reproducible test data, not secrets
     offers = make_offers(rng, OFFERS)
     decisions = make_decisions(rng, offers, DECISIONS)
@@ -305,17 +313,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     fitting = sum(1 for candidates in placed if candidates)
     mean_candidates = sum(len(c) for c in placed) / len(placed)
 
-    t_place = best_of(args.repeats, run_place)
-    t_naive = best_of(args.repeats, run_naive)
-    t_single = best_of(args.repeats, run_single)
-    t_sort = best_of(args.repeats, run_sort)
+    t_place = best_of(repeats, run_place)
+    t_naive = best_of(repeats, run_naive)
+    t_single = best_of(repeats, run_single)
+    t_sort = best_of(repeats, run_sort)
 
     def rate(seconds: float) -> str:
         return (
             f"{DECISIONS / seconds:>12,.0f} decisions/s  ({seconds / DECISIONS * 1e6:8.1f} µs each)"
         )
 
-    print(f"{OFFERS} offers, {DECISIONS} requests (seed {SEED}), best of {args.repeats} rounds")
+    if quiet:
+        return t_single / t_place
+    print(f"{OFFERS} offers, {DECISIONS} requests (seed {SEED}), best of {repeats} rounds")
     print(f"requests with a fit: {fitting}/{DECISIONS}; mean candidates {mean_candidates:.1f}")
     for label, seconds in (
         ("place()", t_place),
@@ -327,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"place() vs single-pass: {t_single / t_place:6.2f}x the decisions/s (target >= 1.5x)")
     print(f"time place()/naive baseline:  {t_place / t_naive:6.2f}x")
     print(f"time place()/sort reference:  {t_place / t_sort:6.2f}x")
+    return t_single / t_place
 
 
 if __name__ == "__main__":

@@ -27,6 +27,11 @@ from vk_provider.domain.offerindex import OfferIndex
 
 log = logging.getLogger(__name__)
 
+# While pods wait for capacity, the offers they are retried against are at most this old
+# (and reconciliation refreshes them this often): free capacity the providers report is
+# seen within a few seconds, whatever a waiting pod's back-off is.
+RECHECK_SECONDS = 5.0
+
 
 @dataclass(frozen=True, slots=True)
 class ProviderAnswer:
@@ -54,6 +59,7 @@ class OfferBook:
         self._fetched_at: float | None = None
         self._generation = 0  # completed refreshes, so waiting callers can share one
         self._index = OfferIndex(())
+        self._listeners: list[Callable[[OfferIndex, float], None]] = []
         self._lock = asyncio.Lock()
 
     async def _ask(self, name: str, provider: Provider) -> ProviderAnswer:
@@ -71,13 +77,21 @@ class OfferBook:
         async with self._lock:
             await self._refresh_locked()
 
+    def on_refresh(self, listener: Callable[[OfferIndex, float], None]) -> None:
+        """Call ``listener(index, asked_at)`` after every refresh: the new offers, and when
+        the providers were asked (what they said is no older than that)."""
+        self._listeners.append(listener)
+
     async def _refresh_locked(self) -> None:
+        asked_at = self._clock()
         names = list(self._providers)
         answers = await asyncio.gather(*(self._ask(n, self._providers[n]) for n in names))
         self._answers = dict(zip(names, answers, strict=True))
         self._index = OfferIndex(offer for answer in answers for offer in answer.offers)
         self._fetched_at = self._clock()
         self._generation += 1
+        for listener in self._listeners:
+            listener(self._index, asked_at)
 
     async def offers(self, *, max_age: float | None = None) -> list[Offer]:
         """All providers' offers, refreshed when older than ``max_age`` (default the TTL)."""
@@ -96,7 +110,8 @@ class OfferBook:
         return self._index
 
     def invalidate(self) -> None:
-        """Capacity changed (an instance ended): the next ``offers()`` asks the providers."""
+        """Capacity changed (an instance of ours ended, a create found no capacity): the next
+        ``offers()`` asks the providers instead of waiting for the TTL."""
         self._fetched_at = None
 
     def cached(self) -> list[Offer]:

@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from vk_provider.controllers.instances import InstanceTracker
 from vk_provider.controllers.launch import Launcher
 from vk_provider.controllers.observer import NO_OBSERVER, ControllerObserver
-from vk_provider.controllers.offers import OfferBook
+from vk_provider.controllers.offers import RECHECK_SECONDS, OfferBook
 from vk_provider.controllers.placer import Placer, PodMemory
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.controllers.podwriter import PodWriter
@@ -57,6 +57,7 @@ from vk_provider.domain.lifecycle import (
     decide,
 )
 from vk_provider.domain.models import Instance, InstanceState
+from vk_provider.domain.offerindex import OfferIndex
 from vk_provider.domain.podview import (
     PodKey,
     PodPlacement,
@@ -111,6 +112,8 @@ class PodController:
         )
         self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
         self._memory: dict[PodKey, PodMemory] = {}
+        self._available: dict[str, int] = {}  # offer key -> available, at the last refresh
+        offers.on_refresh(self._offers_refreshed)
         self._write = PodWriter(
             kube, store=store, recorder=recorder, host_ip=host_ip, now=now, observer=observer
         )
@@ -189,6 +192,27 @@ class PodController:
         if offer_key:
             self._launcher.capacity_freed(offer_key)
             self._offers.invalidate()
+        self._kick_waiting()
+
+    def _offers_refreshed(self, index: OfferIndex, asked_at: float) -> None:
+        """Fresh offers: capacity blocks they contradict are lifted, and when any offer has
+        more room than before, the pods waiting for capacity try again now."""
+        lifted = self._launcher.capacity_seen(index, asked_at)
+        available: dict[str, int] = {}
+        for offer in index:
+            available[offer.key] = available.get(offer.key, 0) + max(offer.available, 0)
+        grew = any(n > self._available.get(k, 0) for k, n in available.items())
+        self._available = available
+        if lifted or grew:
+            self._kick_waiting()
+
+    async def recheck_capacity(self) -> None:
+        """While pods wait for capacity, keep the offers at most ``RECHECK_SECONDS`` old
+        (called by reconciliation each cycle; a refresh that finds room kicks them)."""
+        if any(m.waiting for m in self._memory.values()):
+            await self._offers.index(max_age=RECHECK_SECONDS)
+
+    def _kick_waiting(self) -> None:
         for key, memory in self._memory.items():
             if memory.waiting:
                 memory.waiting = False

@@ -149,6 +149,7 @@ class Reconciler:
             await self._watch.live.wait()  # never plan against a partial view of the pods
             try:
                 plan = await self.reconcile_once()
+                await self._pods.recheck_capacity()
             except Exception:  # one bad cycle must not stop reconciliation
                 log.exception("reconcile cycle failed")
             else:
