@@ -15,6 +15,9 @@ Invariants:
 - After a re-list, keys that are gone from the list are removed and reported, so a pod
   deleted while the watch was down is noticed.
 - ``live`` is set while the store reflects a completed list (reconciliation waits for it).
+- A watch event that brings nothing new — the echo of our own write (the store holds that
+  very ``resourceVersion`` already, from the write's answer) or an older object — changes
+  nothing and queues nothing: a pod is not synced again just to find its own status.
 """
 
 from __future__ import annotations
@@ -116,7 +119,12 @@ class PodWatch:
         if kind == "DELETED":
             self._store.remove(key)
         else:
-            self._store.update(pod)
+            current = self._store.get(key)
+            version = _version(pod)
+            if current is not None and version is not None and _version(current) == version:
+                return  # the echo of our own write: the store has this very object already
+            if not self._store.update(pod):
+                return  # older than what we hold: nothing new to sync
         self._on_change(key)
 
     async def run(self) -> None:
