@@ -65,6 +65,7 @@ class Bench:
         self.endpoint = endpoint
         self.pods = pods
         self.rows: list[tuple[str, str]] = []
+        self.slot_wait = 20.0
 
     def row(self, what: str, value: str) -> None:
         self.rows.append((what, value))
@@ -92,6 +93,7 @@ class Bench:
         agent.stop()
         agentproc.reap_runners(self.root / agent.node)
         await client.delete(f"/api/v1/nodes/{agent.node}")
+        await client.delete(f"/api/v1/namespaces/{ns}")
 
     # --- 1. the raw baseline ------------------------------------------------------------
 
@@ -119,6 +121,7 @@ class Bench:
             raw.stop()
             await runs.delete_pods(client, "bench-raw", "bench-run")
             await client.delete(f"/api/v1/nodes/{node}")
+            await client.delete("/api/v1/namespaces/bench-raw")
         self.row("raw baseline: bind→Running", runs.summary(result))
         return result
 
@@ -273,7 +276,7 @@ class Bench:
                 raise RuntimeError("the slot offer's two pods did not run")
             await asyncio.sleep(0.2)
         waiting = next(n for n, p in (await phases()).items() if p != "Running")
-        await asyncio.sleep(20)  # the waiting pod's back-off grows (5 s, 10 s, ...)
+        await asyncio.sleep(self.slot_wait)  # the waiting pod's back-off grows (5 s, 10 s, ...)
         victim = next(n for n, p in (await phases()).items() if p == "Running")
         freed = time.monotonic()
         await check(await client.delete(f"{base}/{victim}"))
@@ -281,7 +284,10 @@ class Bench:
             if time.monotonic() - freed > 300:
                 raise RuntimeError("the freed slot was not reused in 300 s")
             await asyncio.sleep(0.05)
-        self.row("freed slot → reused (waited 20 s first)", f"{time.monotonic() - freed:.2f} s")
+        reused = time.monotonic() - freed
+        self.row(
+            f"freed slot → reused (pod waited {self.slot_wait:.0f} s first)", f"{reused:.2f} s"
+        )
 
     async def outage(
         self, client: httpx.AsyncClient, agent: agentproc.Agent, ns: str, replicas: int
@@ -365,15 +371,24 @@ def runner_start_seconds(flags: Sequence[str], repeats: int = 7) -> float:
 
 
 async def run(args: argparse.Namespace, root: Path) -> None:
+    """Start a control plane of the benchmark's own, measure on it, take it down."""
     cluster = LocalCluster("vk-bench", root=root / "cluster")
     cluster.up(ensure_binaries())
     try:
-        server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        endpoint = Endpoint(
-            server, cluster.pki.ca.cert, cluster.pki.admin.cert, cluster.pki.admin.key
-        )
-        bench = Bench(root, cluster, endpoint, args.pods)
-        print(f"vk-provider bench: {args.pods} pods, RSS at {args.rss_pods}", flush=True)
+        await measure_on(cluster, args, root)
+    finally:
+        cluster.down()
+        agentproc.reap_runners(root)
+
+
+async def measure_on(cluster: LocalCluster, args: argparse.Namespace, root: Path) -> list[str]:
+    """Every measurement on ``cluster`` (running); the summary table's lines."""
+    server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    endpoint = Endpoint(server, cluster.pki.ca.cert, cluster.pki.admin.cert, cluster.pki.admin.key)
+    bench = Bench(root, cluster, endpoint, args.pods)
+    bench.slot_wait = args.slot_wait
+    print(f"vk-provider bench: {args.pods} pods, RSS at {args.rss_pods}", flush=True)
+    try:
         async with endpoint.client(connections=40) as client:
             base = await bench.raw(client)
             await bench.memory(client, base, args.rss_pods)
@@ -387,23 +402,17 @@ async def run(args: argparse.Namespace, root: Path) -> None:
         bench.row("place() vs single-pass baseline (500 offers)", f"{ratio:.2f}x decisions/s")
         command = runner_command(Path("x"), startup_seconds=0)
         flags = command[1 : command.index("-m")]
-        bench.row(
-            "local runner start (python + import), as launched",
-            f"{runner_start_seconds(flags) * 1000:.0f} ms",
-        )
-        bench.row(
-            "local runner start without -S (site imports)",
-            f"{runner_start_seconds([]) * 1000:.0f} ms",
-        )
-        print("\nsummary")
-        for what, value in bench.rows:
-            print(f"| {what.strip()} | {value} |")
+        started = runner_start_seconds(flags) * 1000
+        bench.row("local runner start (python + import), as launched", f"{started:.0f} ms")
     finally:
-        cluster.down()
         agentproc.reap_runners(root)
+    lines = [f"| {what.strip()} | {value} |" for what, value in bench.rows]
+    print("\nsummary\n| measure | figure |\n|---|---|")
+    print("\n".join(lines), flush=True)
+    return lines
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description=__doc__,
@@ -412,9 +421,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pods", type=int, default=1000, help="pods per throughput run")
     parser.add_argument("--rss-pods", type=int, default=10000, help="pods for the RSS figure")
     parser.add_argument("--outage-pods", type=int, default=50)
+    parser.add_argument(
+        "--slot-wait", type=float, default=20.0, help="how long a pod waits before a slot frees"
+    )
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--skip-recovery", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vk-bench-") as tmp:
         asyncio.run(run(args, Path(tmp)))
 

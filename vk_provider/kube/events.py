@@ -6,12 +6,18 @@ filter per object (25 at once, then one per five minutes), aggregation of simila
 reason, message) within ten minutes bump the existing Event's ``count`` instead of creating
 a new object. So an Event costs one write when it is news and none when it is spam.
 
+While ``run()`` runs (the agent supervises it), ``record`` only queues the Event (at most
+``QUEUED_EVENTS``, as client-go's broadcaster; more are dropped with a warning) and a few
+senders write them: a pod's sync never waits for its Events. Without ``run()`` (tools,
+tests of the recorder itself) ``record`` writes at once.
+
 Invariants: recording never raises (an Event is best effort and must not fail a sync);
 messages are written by our own code and never carry secret values.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -25,6 +31,8 @@ from vk_provider.kube.client import ApiError, KubeClient
 log = logging.getLogger(__name__)
 
 COMPONENT = "vk-provider"
+QUEUED_EVENTS = 1000  # client-go's maxQueuedEvents
+SENDERS = 8
 
 # Reasons (PRODUCT.md §6).
 PROVIDER_SELECTED = "ProviderSelected"
@@ -53,10 +61,48 @@ class EventRecorder:
         self._node = node_name
         self._clock = clock
         self._correlator = correlator or EventCorrelator()
+        self._outbox: asyncio.Queue[tuple[dict[str, Any], str, str, str]] | None = None
+        self._dropped = 0
+
+    async def run(self, *, senders: int = SENDERS) -> None:
+        """Send queued Events until cancelled; ``record`` queues while this runs."""
+        outbox: asyncio.Queue[tuple[dict[str, Any], str, str, str]] = asyncio.Queue(QUEUED_EVENTS)
+
+        async def send() -> None:
+            while True:
+                item = await outbox.get()
+                try:
+                    await self._write(*item)
+                except Exception:  # a sender must not die of one Event
+                    log.exception("writing event %s failed", item[2])
+                finally:
+                    outbox.task_done()
+
+        self._outbox = outbox
+        try:
+            await asyncio.gather(*(send() for _ in range(senders)))
+        finally:
+            self._outbox = None
+
+    async def flush(self) -> None:
+        """Wait until every queued Event was written (or dropped)."""
+        if self._outbox is not None:
+            await self._outbox.join()
 
     async def record(self, pod: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """Record a ``Normal`` or ``Warning`` event about ``pod`` (or a Node: its Events go to
         the ``default`` namespace, as a kubelet's do)."""
+        if self._outbox is None:
+            await self._write(pod, kind, reason, message)
+            return
+        try:
+            self._outbox.put_nowait((pod, kind, reason, message))
+        except asyncio.QueueFull:
+            self._dropped += 1
+            if self._dropped in (1, 10, 100) or self._dropped % 1000 == 0:
+                log.warning("%d events dropped: more than %d waiting", self._dropped, QUEUED_EVENTS)
+
+    async def _write(self, pod: dict[str, Any], kind: str, reason: str, message: str) -> None:
         metadata = pod.get("metadata") or {}
         object_kind = str(pod.get("kind") or "Pod")
         namespace = (

@@ -106,6 +106,7 @@ class Agent:
     view: AgentView
     rest_api: RestServer
     overflow: OverflowController | None = None
+    pod_events: EventRecorder | None = None  # its senders run beside the pod workers
 
     @classmethod
     async def create(
@@ -151,13 +152,14 @@ class Agent:
             priorities={p.name: p.priority for p in config.providers},
         )
         store = PodStore()
+        pod_events = EventRecorder(kube, node_name=config.node.name)
         pods = PodController(
             kube,
             node_name=config.node.name,
             host_ip=address,
             providers=calls,
             offers=offers,
-            recorder=EventRecorder(kube, node_name=config.node.name),
+            recorder=pod_events,
             launcher=launcher,
             store=store,
             intervals=intervals,
@@ -291,6 +293,7 @@ class Agent:
             view,
             rest_api,
             overflow,
+            pod_events,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -316,6 +319,8 @@ class Agent:
                 "reconcile": self.reconciler.run,
                 "pod-workers": self.pods.run_workers,
             }
+            if self.pod_events is not None:
+                roots["pod-events"] = self.pod_events.run
             if self.overflow is not None:
                 roots["overflow"] = self.overflow.run
             await supervise(
