@@ -147,9 +147,9 @@ class PodController:
 
     def pod_changed(self, key: PodKey) -> None:
         """The watch saw ``key`` change (or go): account for it, then sync it."""
-        raw = self._store.get(key)
-        if raw is not None:
-            self._account(PodView.parse(raw))
+        pod = self._store.view(key)
+        if pod is not None:
+            self._account(pod)
         self.queue.add(key)
 
     def _instance_changed(self, pod_uid: str) -> None:
@@ -222,25 +222,20 @@ class PodController:
     # ------------------------------------------------------------------ views for others
 
     def placements(self) -> list[PodPlacement]:
-        placed = (PodPlacement.of(PodView.parse(pod)) for pod in self._store.values())
+        placed = (PodPlacement.of(pod) for pod in self._store.views())
         return [p for p in placed if p is not None]
 
     def gpu_requests(self) -> list[float]:
         """GPUs each live pod on the node requests (the flip's "enough free to go home")."""
-        return [
-            held_resources(raw).gpus
-            for raw in self._store.values()
-            if not PodView.parse(raw).terminal
-        ]
+        return [held_resources(pod.raw).gpus for pod in self._store.views() if not pod.terminal]
 
     def held_resources(self) -> tuple[float, float, float]:
         """GPUs, vCPUs and GiB requested by the node's live, placed pods (node capacity)."""
         total = Held()
-        for raw in self._store.values():
-            pod = PodView.parse(raw)
+        for pod in self._store.views():
             if pod.terminal or pod.placed is None:
                 continue
-            held = held_resources(raw)
+            held = held_resources(pod.raw)
             total = Held(
                 total.gpus + held.gpus, total.cpu + held.cpu, total.memory_gib + held.memory_gib
             )
@@ -276,11 +271,10 @@ class PodController:
     # ------------------------------------------------------------------ the sync
 
     async def sync(self, key: PodKey) -> None:
-        raw = self._store.get(key)
-        if raw is None:
+        pod = self._store.view(key)
+        if pod is None:
             await self._forget(key)
             return
-        pod = PodView.parse(raw)
         memory = self._remember(pod)
         sighting = await self._sight(pod)
         now = self._now()

@@ -7,7 +7,7 @@ reason, message) within ten minutes bump the existing Event's ``count`` instead 
 a new object. So an Event costs one write when it is news and none when it is spam.
 
 While ``run()`` runs (the agent supervises it), ``record`` only queues the Event (at most
-``QUEUED_EVENTS``, as client-go's broadcaster; more are dropped with a warning) and a few
+``QUEUED_EVENTS``, as client-go's broadcaster does; more are dropped with a warning) and a few
 senders write them: a pod's sync never waits for its Events. Without ``run()`` (tools,
 tests of the recorder itself) ``record`` writes at once.
 
@@ -31,7 +31,7 @@ from vk_provider.kube.client import ApiError, KubeClient
 log = logging.getLogger(__name__)
 
 COMPONENT = "vk-provider"
-QUEUED_EVENTS = 1000  # client-go's maxQueuedEvents
+QUEUED_EVENTS = 10_000  # client-go queues 1,000 per broadcaster; a node of ours has more pods
 SENDERS = 8
 
 # Reasons (PRODUCT.md §6).
