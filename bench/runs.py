@@ -111,6 +111,7 @@ async def measure(
     pid: Callable[[], int | None] = lambda: None,
     create_concurrency: int = 32,
     deadline_seconds: float = 900.0,
+    settle_seconds: float = 5.0,
 ) -> RunResult:
     from bench.agentproc import cpu_seconds, rss_mib  # /proc readers
 
@@ -154,6 +155,9 @@ async def measure(
     finally:
         watch.cancel()
     ended = max(running.values())
+    # The agent writes Events after the status, off the sync path: give the last ones a
+    # moment to land before counting, so they are counted (throughput is taken above).
+    await asyncio.sleep(settle_seconds)
     after = await request_counts(client)
     calls = diff(after, before)
     # The driver's own calls: one create per pod; its watch (and a list if it re-listed).

@@ -201,10 +201,13 @@ class PodController:
         available: dict[str, int] = {}
         for offer in index:
             available[offer.key] = available.get(offer.key, 0) + max(offer.available, 0)
-        grew = any(n > self._available.get(k, 0) for k, n in available.items())
+        room = sum(max(0, n - self._available.get(k, 0)) for k, n in available.items())
         self._available = available
-        if lifted or grew:
-            self._kick_waiting()
+        # Only as many waiting pods as there is new room: under churn, availability moves
+        # all the time, and kicking every waiting pod at each refresh would reset their
+        # back-off for good and crowd out the pods being deleted.
+        if lifted or room:
+            self._kick_waiting(limit=max(room, len(lifted)))
 
     async def recheck_capacity(self) -> None:
         """While pods wait for capacity, keep the offers at most ``RECHECK_SECONDS`` old
@@ -212,12 +215,17 @@ class PodController:
         if any(m.waiting for m in self._memory.values()):
             await self._offers.index(max_age=RECHECK_SECONDS)
 
-    def _kick_waiting(self) -> None:
+    def _kick_waiting(self, *, limit: int | None = None) -> None:
+        """Pods waiting for capacity or budget try again now (at most ``limit`` of them)."""
+        kicked = 0
         for key, memory in self._memory.items():
+            if limit is not None and kicked >= limit:
+                return
             if memory.waiting:
                 memory.waiting = False
                 self.queue.forget(key)
                 self.queue.add(key)
+                kicked += 1
 
     # ------------------------------------------------------------------ views for others
 

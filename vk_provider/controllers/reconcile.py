@@ -147,7 +147,6 @@ class Reconciler:
             await self._watch.live.wait()  # never plan against a partial view of the pods
             try:
                 plan = await self.reconcile_once()
-                await self._pods.recheck_capacity()
             except Exception:  # one bad cycle must not stop reconciliation
                 log.exception("reconcile cycle failed")
             else:
@@ -162,4 +161,9 @@ class Reconciler:
                         len(tracker.all()),
                         len(plan.actions),
                     )
+            try:
+                # After the cycle and its report: a slow offers answer delays neither.
+                await self._pods.recheck_capacity()
+            except Exception:
+                log.exception("refreshing offers for waiting pods failed")
             await asyncio.sleep(self._interval)
