@@ -20,12 +20,15 @@ Invariants:
 - SIGTERM goes to the runner, which stops the containers (app containers first, then the
   sidecars), as a kubelet stops a pod; SIGKILL goes to every process group of the pod.
 - ``list_ours`` scans the state dir (and forgets instances it finds TERMINATED by removing
-  their directory); ``offers`` and the capacity check of ``create`` look only at the indexed
-  active instances (of the offer's sku, for a create), so a create costs the same however
-  many instances exist. ``delete`` of an instance that no longer runs removes its
-  directory; ``get`` then raises ``NotFound``. The
-  logs of a released instance stay until it is deleted once more (the agent does that when
-  the pod goes), so `kubectl logs` works for completed pods.
+  their directory) and rebuilds the index of active instances per sku; ``offers`` and the
+  capacity check of ``create`` count the index (no file is read), so ``create``, ``get`` and
+  ``offers`` cost the same however many instances exist. The index may still count an
+  instance that ended on its own since the last scan (never one too few of ours), so only a
+  create that finds its sku full looks at that sku's instances before it says no capacity
+  (and ``get`` drops an instance it finds ended). ``delete`` of an instance that no longer
+  runs removes its directory; ``get`` then raises ``NotFound``. The logs of a released
+  instance stay until it is deleted once more (the agent does that when the pod goes), so
+  `kubectl logs` works for completed pods.
 """
 
 from __future__ import annotations
@@ -143,10 +146,10 @@ class LocalProvider:
         self._offers: dict[str, SimulatedOffer] = {offer.sku: offer for offer in config.offers}
         # Injectable so tests decide which creates the failure rate fails.
         self._rng = rng if rng is not None else random.Random()  # noqa: S311 - not crypto
-        # Instance id -> sku of every instance that may still hold capacity: built by the
-        # first scan, kept by create and release, pruned by each look. So a create's capacity
-        # check observes only its sku's instances, never the whole state dir.
-        self._index: dict[str, str] | None = None
+        # Sku -> ids of every instance that may still hold capacity: built by each scan, kept
+        # by create and release. A create's capacity check counts it (no file read) and
+        # looks at the sku's instances only when the count says full.
+        self._index: dict[str, set[str]] | None = None
 
     @property
     def name(self) -> str:
@@ -193,6 +196,8 @@ class LocalProvider:
         await self._delay()
         with _io_errors_as_transient(self.name):
             instance = observe(self._directory(instance_id), provider=self.name)
+        if instance is None or instance.state not in _ACTIVE:
+            self._unindex(instance_id)
         if instance is None:
             raise NotFound(f"no local instance {instance_id!r}", provider=self.name)
         return instance
@@ -331,7 +336,10 @@ class LocalProvider:
         if configured is None or offer.provider != self.name:
             raise CapacityUnavailable(f"no offer {offer.key} here", provider=self.name)
         self._inject_create_failure()
-        if self._active_by_sku(configured.sku).get(configured.sku, 0) >= configured.capacity:
+        active = self._active_by_sku().get(configured.sku, 0)
+        if active >= configured.capacity:
+            active = self._active_by_sku(configured.sku).get(configured.sku, 0)
+        if active >= configured.capacity:
             raise CapacityUnavailable(
                 f"offer {offer.key} is at capacity ({configured.capacity} running)",
                 provider=self.name,
@@ -343,8 +351,7 @@ class LocalProvider:
 
     def _release(self, directory: Path) -> None:
         """Forget a finished instance, keeping its containers' logs for a later `logs` call."""
-        if self._index is not None:
-            self._index.pop(directory.name, None)
+        self._unindex(directory.name)
         retained = self._retained(directory.name)
         shutil.rmtree(retained, ignore_errors=True)
         names = container_names(directory)
@@ -447,7 +454,7 @@ class LocalProvider:
         record = dataclasses.replace(record, process=process)
         write_json(directory / INSTANCE_FILE, record.to_json())
         if self._index is not None:
-            self._index[record.instance_id] = record.sku
+            self._index.setdefault(record.sku, set()).add(record.instance_id)
         log.info("started %s for pod %s (pid %d)", directory.name, spec.pod_uid, process.pid)
         instance = observe(directory, provider=self.name)
         assert instance is not None  # we just wrote it
@@ -457,7 +464,7 @@ class LocalProvider:
         """Every instance in one directory scan; TERMINATED ones are forgotten on the way.
         Rebuilds the index (another process may have made or removed instances)."""
         found: list[tuple[Record, Instance]] = []
-        index: dict[str, str] = {}
+        index: dict[str, set[str]] = {}
         for directory in sorted(self._state_dir.iterdir()):
             if not INSTANCE_ID.fullmatch(directory.name) or not directory.is_dir():
                 continue
@@ -470,23 +477,25 @@ class LocalProvider:
                 continue
             found.append((record, instance))
             if instance.state in _ACTIVE:
-                index[record.instance_id] = record.sku
+                index.setdefault(record.sku, set()).add(record.instance_id)
         self._index = index
         return found
 
-    def _active_by_sku(self, sku: str | None = None) -> dict[str, int]:
-        """Active instances per sku (only ``sku``'s when given), from the index: each one
-        indexed is looked at (ended ones leave the index), nothing else is read."""
+    def _unindex(self, instance_id: str) -> None:
+        for ids in (self._index or {}).values():
+            ids.discard(instance_id)
+
+    def _active_by_sku(self, look_at: str | None = None) -> dict[str, int]:
+        """Active instances per sku, from the index. With ``look_at``, that sku's indexed
+        instances are looked at first and the ended ones leave the index (only that sku's
+        files are read); otherwise nothing is read."""
         if self._index is None:
             self._scan()
         assert self._index is not None
-        counts: dict[str, int] = {}
-        for instance_id, indexed in list(self._index.items()):
-            if sku is not None and indexed != sku:
-                continue
-            instance = observe(self._state_dir / instance_id, provider=self.name)
-            if instance is None or instance.state not in _ACTIVE:
-                self._index.pop(instance_id, None)
-                continue
-            counts[indexed] = counts.get(indexed, 0) + 1
-        return counts
+        if look_at is not None:
+            ids = self._index.get(look_at, set())
+            for instance_id in list(ids):
+                instance = observe(self._state_dir / instance_id, provider=self.name)
+                if instance is None or instance.state not in _ACTIVE:
+                    ids.discard(instance_id)
+        return {sku: len(ids) for sku, ids in self._index.items()}

@@ -13,7 +13,9 @@ puts one container in any state (a restart, a back-off, an init container still 
 and ``exit`` ends the pod with every app container exited.
 
 Invariants:
-- Idempotent create by ``spec.request_id``; ``capacity`` per offer counts live instances.
+- Idempotent create by ``spec.request_id``; ``capacity`` per offer counts live instances,
+  kept per sku as instances come and go, so ``create`` and ``offers`` cost the same however
+  many instances exist (only instances due to finish terminating are looked at).
 - ``delete`` of an unknown id succeeds; a terminated instance is gone from ``list_ours`` and
   ``get`` raises ``NotFound``, as a cloud forgets what it terminated.
 - Only ``domain.errors`` escape.
@@ -75,6 +77,7 @@ class MemoryProvider:
         self._clock = clock
         self._wall = wall_clock
         self._records: dict[str, _Record] = {}
+        self._live: dict[str, set[str]] = {}  # sku -> ids of instances that hold capacity
         self._failures: dict[str, list[ProviderError]] = {}
         self.terminate_seconds = 0.0
         self.lost_deletes = 0  # the next N deletes are accepted and then never carried out
@@ -122,6 +125,7 @@ class MemoryProvider:
             finished_at=now,
             containers=ended,
         )
+        self._live.get(record.sku, set()).discard(instance_id)
 
     def set_container(
         self, instance_id: str, status: ContainerStatus, *, init: bool = False
@@ -140,6 +144,7 @@ class MemoryProvider:
     def lose(self, instance_id: str, message: str = "lost by the provider") -> None:
         record = self._records[instance_id]
         record.instance = replace(record.instance, state=InstanceState.LOST, message=message)
+        self._live.get(record.sku, set()).discard(instance_id)
 
     def instances(self) -> list[Instance]:
         """Every instance the provider still knows, in any state (for assertions)."""
@@ -164,6 +169,8 @@ class MemoryProvider:
         ):
             instance = replace(instance, state=InstanceState.TERMINATED)
         record.instance = instance
+        if instance.state not in _LIVE:
+            self._live.get(record.sku, set()).discard(instance.instance_id)
         return instance
 
     def _started_containers(self, instance: Instance, spec: WorkloadSpec | None) -> Instance:
@@ -190,9 +197,10 @@ class MemoryProvider:
         return replace(instance, containers=apps, init_containers=inits)
 
     def _active(self, sku: str) -> int:
-        return sum(
-            1 for r in self._records.values() if r.sku == sku and self._refresh(r).state in _LIVE
-        )
+        live = self._live.get(sku, set())
+        for instance_id in [i for i in live if self._records[i].terminate_at is not None]:
+            self._refresh(self._records[instance_id])  # may have finished terminating
+        return len(live)
 
     async def offers(self) -> list[Offer]:
         self._call("offers")
@@ -229,13 +237,14 @@ class MemoryProvider:
         self._records[instance_id] = _Record(
             instance, configured.sku, self._clock(), configured.startup_seconds, spec=spec
         )
+        self._live.setdefault(configured.sku, set()).add(instance_id)
         return instance
 
     async def get(self, instance_id: str) -> Instance:
         self._call("get")
         record = self._records.get(instance_id)
         if record is None or self._refresh(record).state is InstanceState.TERMINATED:
-            self._records.pop(instance_id, None)
+            self._forget(instance_id)
             raise NotFound(f"no instance {instance_id!r}", provider=self.name)
         return record.instance
 
@@ -259,7 +268,7 @@ class MemoryProvider:
                 return
         elif state is InstanceState.TERMINATING:
             return  # under way
-        del self._records[instance_id]
+        self._forget(instance_id)
 
     async def list_ours(self) -> list[Instance]:
         self._call("list")
@@ -267,10 +276,15 @@ class MemoryProvider:
         for instance_id, record in list(self._records.items()):
             instance = self._refresh(record)
             if instance.state is InstanceState.TERMINATED:
-                del self._records[instance_id]
+                self._forget(instance_id)
                 continue
             listed.append(instance)
         return listed
+
+    def _forget(self, instance_id: str) -> None:
+        record = self._records.pop(instance_id, None)
+        if record is not None:
+            self._live.get(record.sku, set()).discard(instance_id)
 
     async def logs(self, instance_id: str, options: LogOptions) -> AsyncIterator[bytes]:
         self._call("logs")

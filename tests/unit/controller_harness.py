@@ -144,13 +144,15 @@ class Core:
             clock=loop_time,
         )
         self.store = PodStore()
+        # As the agent runs it: Events queued by the syncs, written by senders of their own.
+        self.events = EventRecorder(self.kube, node_name=NODE, clock=loop_time)  # type: ignore[arg-type]
         self.pods = PodController(
             self.kube,  # type: ignore[arg-type]  # duck-typed: the same calls, in memory
             node_name=NODE,
             host_ip="10.0.0.1",
             providers=self.providers,
             offers=self.offers,
-            recorder=EventRecorder(self.kube, node_name=NODE, clock=loop_time),  # type: ignore[arg-type]
+            recorder=self.events,
             launcher=self.launcher,
             store=self.store,
             intervals=self.intervals,
@@ -203,6 +205,7 @@ class Core:
             asyncio.create_task(self.watch.run(), name="pod-watch"),
             asyncio.create_task(self.reconciler.run(), name="reconcile"),
             asyncio.create_task(self.pods.run_workers(), name="pod-workers"),
+            asyncio.create_task(self.events.run(), name="pod-events"),
         ]
         try:
             yield self

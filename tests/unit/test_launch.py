@@ -474,3 +474,26 @@ async def test_concurrent_launches_never_exceed_a_cap() -> None:
             assert res.retry_after == 0.0
         else:
             assert res.budget_limited, (s.pod_uid, res)
+
+
+async def test_a_fresh_answer_with_room_lifts_an_older_capacity_block_only() -> None:
+    """Issue 14: a "no capacity" block hid a slot for its whole 120 s even after the provider
+    said, in a later answer, that the offer had room again."""
+    from dataclasses import replace as with_
+
+    from vk_provider.domain.offerindex import OfferIndex
+
+    r = two_providers(alpha={A1.key: [CapacityUnavailable("a1")]})
+    asked_before = r.clock()
+    r.clock.advance(1.0)
+    await r.launcher.launch(spec(), REQUEST, OFFERS)
+    assert A1.key in r.launcher.blocked()
+    room = OfferIndex([with_(A1, available=1), A2, B1])
+    full = OfferIndex([with_(A1, available=0), A2, B1])
+    # An answer older than the refusal, or one that says it is still full, changes nothing.
+    assert r.launcher.capacity_seen(room, asked_before) == []
+    assert r.launcher.capacity_seen(full, r.clock()) == []
+    assert A1.key in r.launcher.blocked()
+    # An answer asked for after the refusal that shows room lifts the block.
+    assert r.launcher.capacity_seen(room, r.clock()) == [A1.key]
+    assert A1.key not in r.launcher.blocked()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import providers.local.adapter as adapter_module
 from providers.local.adapter import LocalProvider, LocalProviderDisabled
 from providers.local.config import LocalFaults, LocalProviderConfig
 from providers.local.faults import inject_loss, set_faults
@@ -613,3 +614,29 @@ async def test_a_fresh_provider_finds_running_instances(state_dir: Path) -> None
     await after.delete(running.instance_id, grace_seconds=0)
     await wait_state(after, running.instance_id, InstanceState.TERMINATED)
     assert not any(is_running(record) for record in _records(state_dir))
+
+
+async def test_create_get_and_offers_read_no_other_instance(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 14: a create used to observe every instance of its sku (quadratic in a burst of
+    creates); now create, get and offers read only the instance they are about."""
+    local = LocalProvider(
+        make_config(offers=[SimulatedOffer(sku="cpu", price_per_hour=0.1, capacity=50)]),
+        state_dir=state_dir,
+    )
+    cpu = await offer(local)
+    for i in range(8):
+        await local.create(make_spec(SLEEP, uid=f"busy-{i}"), cpu)
+    looked: list[str] = []
+    real = adapter_module.observe
+
+    def counting(directory: Path, *, provider: str) -> Instance | None:
+        looked.append(directory.name)
+        return real(directory, provider=provider)
+
+    monkeypatch.setattr(adapter_module, "observe", counting)
+    created = await local.create(make_spec(SLEEP, uid="new"), cpu)
+    await local.get(created.instance_id)
+    assert (await offer(local)).available == 50 - 9
+    assert set(looked) == {created.instance_id}, looked

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.unit.controller_harness import Core, gpu_offer, memory_provider, pod_manifest
+from vk_provider.controllers.offers import RECHECK_SECONDS
 from vk_provider.domain.budget import BudgetCaps
 from vk_provider.domain.errors import CapacityUnavailable, Transient
 from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
@@ -202,11 +203,12 @@ async def test_unplaceable_pods_retry_on_the_queues_back_off_only() -> None:
         offers_before = provider.calls["offers"]
         await asyncio.sleep(75)
     # Back-off doubling from 5 s: retries at +5, +10, +20, +40 (= 75 s): four more placements,
-    # whatever our own status writes and events did to the watch meanwhile. Offers are cached
-    # for 30 s, so the placements ask for them at most 75 / 30 + 1 times.
+    # whatever our own status writes and events did to the watch meanwhile. While a pod
+    # waits, the offers are kept at most RECHECK_SECONDS old (so free capacity is seen within
+    # seconds), and asked for no more often than that.
     events = [e for e in core.kube.events if e["reason"] == "NoCapacity"]
     assert sum(e["count"] for e in events) == 5, events
-    assert provider.calls["offers"] - offers_before <= 3
+    assert provider.calls["offers"] - offers_before <= 75 / RECHECK_SECONDS + 1
     assert asyncio.get_running_loop().time() - start == pytest.approx(75, abs=1)
     assert core.phase("waiting") == "Pending"
 
@@ -223,8 +225,28 @@ async def test_room_appearing_kicks_a_waiting_pod_at_once() -> None:
         await core.kube.request_deletion("ns", "first", grace=0)
         freed = asyncio.get_running_loop().time()
         await core.until(lambda: core.phase("second") == "Running", what="second Running")
-    # The offer cache (30 s TTL) may hide the freed slot for a while, but not the back-off.
-    assert asyncio.get_running_loop().time() - freed <= 35
+    # Neither the offer cache (30 s TTL) nor the back-off hides a slot our own deletion freed.
+    assert asyncio.get_running_loop().time() - freed <= 3
+
+
+async def test_capacity_freed_behind_our_back_is_seen_within_seconds() -> None:
+    """A slot the provider frees by itself (not by a termination of ours) is noticed by the
+    offers refreshed while pods wait, not after the offer TTL times the back-off."""
+    provider = memory_provider("mem", gpu_offer(capacity=1))
+    core = Core(provider, intervals={"orphan_grace_seconds": 3600})
+    async with core.running():
+        offer = (await provider.offers())[0]
+        spec = WorkloadSpec(
+            pod_uid="squatter", namespace="ns", pod_name="other", container_name="c", image="i"
+        )
+        squatter = await provider.create(spec, offer)
+        await core.kube.create_pod(pod_manifest("waiting"))
+        await core.until(lambda: "NoCapacity" in core.kube.reasons("waiting"), what="NoCapacity")
+        await asyncio.sleep(40)  # deep in back-off now, and past the offer TTL once
+        await provider.delete(squatter.instance_id, grace_seconds=0)
+        freed = asyncio.get_running_loop().time()
+        await core.until(lambda: core.phase("waiting") == "Running", what="waiting Running")
+    assert asyncio.get_running_loop().time() - freed <= RECHECK_SECONDS + 3
 
 
 async def test_a_stalled_termination_is_asked_again_until_the_provider_confirms() -> None:

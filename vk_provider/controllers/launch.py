@@ -26,7 +26,7 @@ uses it as ``launch`` does.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vk_provider.domain.budget import BudgetLedger, BudgetView
@@ -39,6 +39,7 @@ from vk_provider.domain.errors import (
     RateLimited,
 )
 from vk_provider.domain.models import Instance, Offer, WorkloadSpec
+from vk_provider.domain.offerindex import OfferIndex, bits
 from vk_provider.domain.placement import (
     Placement,
     PlacementPolicy,
@@ -110,6 +111,7 @@ class Launcher:
         self._priorities = dict(priorities or {})
         self._clock = clock
         self._blocked: dict[str, float] = {}  # offer key or provider name -> until
+        self._capacity_blocked_at: dict[str, float] = {}  # offer key -> when it said "full"
         self._avoided: dict[str, float] = {}  # offer key -> until (an instance was lost there)
 
     def block(self, key: str, seconds: float) -> None:
@@ -119,6 +121,25 @@ class Launcher:
     def capacity_freed(self, offer_key: str) -> None:
         """An instance of ``offer_key`` ended: its "no capacity" block no longer holds."""
         self._blocked.pop(offer_key, None)
+        self._capacity_blocked_at.pop(offer_key, None)
+
+    def capacity_seen(self, offers: OfferIndex, asked_at: float) -> list[str]:
+        """The providers, asked at ``asked_at``, offer these again: a "no capacity" block set
+        before they were asked no longer holds for an offer they say is available (so a
+        block never hides capacity longer than the offer cache does). The keys unblocked."""
+        lifted = []
+        for key, since in list(self._capacity_blocked_at.items()):
+            if key not in self._blocked:
+                del self._capacity_blocked_at[key]  # expired meanwhile
+                continue
+            if since > asked_at:
+                continue  # the refusal is newer than the answer
+            mask = offers.keys.get(key, 0)
+            if any(offers.offers[i].available > 0 for i in bits(mask)):
+                self._blocked.pop(key, None)
+                del self._capacity_blocked_at[key]
+                lifted.append(key)
+        return lifted
 
     def avoid(self, key: str, seconds: float) -> None:
         """Prefer other offers for a while: an instance was lost there.
@@ -152,7 +173,7 @@ class Launcher:
     def plan(
         self,
         request: PlacementRequest,
-        offers: list[Offer],
+        offers: Sequence[Offer] | OfferIndex,
         *,
         namespace: str,
         uid: str,
@@ -184,7 +205,7 @@ class Launcher:
         self,
         spec: WorkloadSpec,
         request: PlacementRequest,
-        offers: list[Offer],
+        offers: Sequence[Offer] | OfferIndex,
         *,
         prefer: str | None = None,
         allow_avoided: bool = True,
@@ -225,6 +246,7 @@ class Launcher:
                 attempts.append(Attempt(offer, exc))
                 if isinstance(exc, CapacityUnavailable):
                     self.block(offer.key, self._settings.capacity_block_seconds)
+                    self._capacity_blocked_at[offer.key] = self._clock()
                     continue
                 if isinstance(exc, AuthFailed):
                     self.block(offer.provider, self._settings.auth_block_seconds)

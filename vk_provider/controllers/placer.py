@@ -23,14 +23,14 @@ from datetime import datetime
 from vk_provider.controllers.instances import InstanceTracker
 from vk_provider.controllers.launch import Launcher, LaunchResult
 from vk_provider.controllers.observer import ControllerObserver
-from vk_provider.controllers.offers import OfferBook
+from vk_provider.controllers.offers import RECHECK_SECONDS, OfferBook
 from vk_provider.controllers.podwriter import PodWriter
 from vk_provider.controllers.reporter import StatusReporter
 from vk_provider.controllers.workqueue import WorkQueue
 from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.env import references
-from vk_provider.domain.errors import ProviderError
+from vk_provider.domain.errors import CapacityUnavailable, ProviderError
 from vk_provider.domain.models import Instance
 from vk_provider.domain.placement import PlacementRequest
 from vk_provider.domain.podspec import InvalidPodSpec
@@ -126,7 +126,8 @@ class Placer:
                 return
         if previous is None and await self._adopt_existing(pod, memory):
             return
-        offers = await self._offers.offers()
+        # A pod waiting for capacity is retried against fresh offers, not the TTL's.
+        offers = await self._offers.index(max_age=RECHECK_SECONDS if memory.waiting else None)
         result = await self._launcher.launch(
             spec,
             request,
@@ -136,6 +137,8 @@ class Placer:
             allow_avoided=previous is not None or self._queue.failures(key) > 0,
         )
         self._count(result)
+        if any(isinstance(a.error, CapacityUnavailable) for a in result.attempts):
+            self._offers.invalidate()  # the cached availability was wrong: ask again next time
         for failed in result.attempts:
             await self._write.event(pod, explain.create_failed(failed.offer, failed.error))
         if result.instance is not None and result.offer is not None:

@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from vk_provider.controllers.instances import InstanceTracker
 from vk_provider.controllers.launch import Launcher
 from vk_provider.controllers.observer import NO_OBSERVER, ControllerObserver
-from vk_provider.controllers.offers import OfferBook
+from vk_provider.controllers.offers import RECHECK_SECONDS, OfferBook
 from vk_provider.controllers.placer import Placer, PodMemory
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.controllers.podwriter import PodWriter
@@ -57,6 +57,7 @@ from vk_provider.domain.lifecycle import (
     decide,
 )
 from vk_provider.domain.models import Instance, InstanceState
+from vk_provider.domain.offerindex import OfferIndex
 from vk_provider.domain.podview import (
     PodKey,
     PodPlacement,
@@ -112,6 +113,8 @@ class PodController:
         )
         self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
         self._memory: dict[PodKey, PodMemory] = {}
+        self._available: dict[str, int] = {}  # offer key -> available, at the last refresh
+        offers.on_refresh(self._offers_refreshed)
         self._write = PodWriter(
             kube,
             store=store,
@@ -151,9 +154,9 @@ class PodController:
 
     def pod_changed(self, key: PodKey) -> None:
         """The watch saw ``key`` change (or go): account for it, then sync it."""
-        raw = self._store.get(key)
-        if raw is not None:
-            self._account(PodView.parse(raw))
+        pod = self._store.view(key)
+        if pod is not None:
+            self._account(pod)
         self.queue.add(key)
 
     def _instance_changed(self, pod_uid: str) -> None:
@@ -196,34 +199,58 @@ class PodController:
         if offer_key:
             self._launcher.capacity_freed(offer_key)
             self._offers.invalidate()
+        self._kick_waiting()
+
+    def _offers_refreshed(self, index: OfferIndex, asked_at: float) -> None:
+        """Fresh offers: capacity blocks they contradict are lifted, and when any offer has
+        more room than before, the pods waiting for capacity try again now."""
+        lifted = self._launcher.capacity_seen(index, asked_at)
+        available: dict[str, int] = {}
+        for offer in index:
+            available[offer.key] = available.get(offer.key, 0) + max(offer.available, 0)
+        room = sum(max(0, n - self._available.get(k, 0)) for k, n in available.items())
+        self._available = available
+        # Only as many waiting pods as there is new room: under churn, availability moves
+        # all the time, and kicking every waiting pod at each refresh would reset their
+        # back-off for good and crowd out the pods being deleted.
+        if lifted or room:
+            self._kick_waiting(limit=max(room, len(lifted)))
+
+    async def recheck_capacity(self) -> None:
+        """While pods wait for capacity, keep the offers at most ``RECHECK_SECONDS`` old
+        (called by reconciliation each cycle; a refresh that finds room kicks them)."""
+        if any(m.waiting for m in self._memory.values()):
+            await self._offers.index(max_age=RECHECK_SECONDS)
+
+    def _kick_waiting(self, *, limit: int | None = None) -> None:
+        """Pods waiting for capacity or budget try again now (at most ``limit`` of them)."""
+        kicked = 0
         for key, memory in self._memory.items():
+            if limit is not None and kicked >= limit:
+                return
             if memory.waiting:
                 memory.waiting = False
                 self.queue.forget(key)
                 self.queue.add(key)
+                kicked += 1
 
     # ------------------------------------------------------------------ views for others
 
     def placements(self) -> list[PodPlacement]:
-        placed = (PodPlacement.of(PodView.parse(pod)) for pod in self._store.values())
+        placed = (PodPlacement.of(pod) for pod in self._store.views())
         return [p for p in placed if p is not None]
 
     def gpu_requests(self) -> list[float]:
         """GPUs each live pod on the node requests (the flip's "enough free to go home")."""
-        return [
-            held_resources(raw).gpus
-            for raw in self._store.values()
-            if not PodView.parse(raw).terminal
-        ]
+        return [held_resources(pod.raw).gpus for pod in self._store.views() if not pod.terminal]
 
     def held_resources(self) -> tuple[float, float, float]:
         """GPUs, vCPUs and GiB requested by the node's live, placed pods (node capacity)."""
         total = Held()
-        for raw in self._store.values():
-            pod = PodView.parse(raw)
+        for pod in self._store.views():
             if pod.terminal or pod.placed is None:
                 continue
-            held = held_resources(raw)
+            held = held_resources(pod.raw)
             total = Held(
                 total.gpus + held.gpus, total.cpu + held.cpu, total.memory_gib + held.memory_gib
             )
@@ -259,11 +286,10 @@ class PodController:
     # ------------------------------------------------------------------ the sync
 
     async def sync(self, key: PodKey) -> None:
-        raw = self._store.get(key)
-        if raw is None:
+        pod = self._store.view(key)
+        if pod is None:
             await self._forget(key)
             return
-        pod = PodView.parse(raw)
         memory = self._remember(pod)
         sighting = await self._sight(pod)
         now = self._now()

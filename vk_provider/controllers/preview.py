@@ -121,7 +121,7 @@ class PlacementPreview:
                 request,
                 invalid_field=request.shape.field,
             )
-        offers = await self._offers.offers()
+        offers = await self._offers.index()
         # A first launch: offers that lost an instance lately are avoided (as the placer does).
         plan = self._launcher.plan(
             request, offers, namespace=spec.namespace, uid=spec.pod_uid, allow_avoided=False

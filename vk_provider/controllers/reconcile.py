@@ -27,7 +27,6 @@ from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.podwatch import PodStore, PodWatch
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import ProviderError
-from vk_provider.domain.podview import PodView
 from vk_provider.domain.reconcile import (
     Action,
     Adopt,
@@ -74,8 +73,7 @@ class Reconciler:
 
     def _snapshots(self) -> list[PodSnapshot]:
         snapshots = []
-        for raw in self._store.values():
-            pod = PodView.parse(raw)
+        for pod in self._store.views():
             snapshots.append(
                 PodSnapshot(
                     key=pod.key,
@@ -163,4 +161,9 @@ class Reconciler:
                         len(tracker.all()),
                         len(plan.actions),
                     )
+            try:
+                # After the cycle and its report: a slow offers answer delays neither.
+                await self._pods.recheck_capacity()
+            except Exception:
+                log.exception("refreshing offers for waiting pods failed")
             await asyncio.sleep(self._interval)

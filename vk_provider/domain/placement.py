@@ -14,11 +14,12 @@ as data; every candidate satisfies every hard constraint, including the budget.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from vk_provider.domain.budget import BudgetView
 from vk_provider.domain.models import Capabilities, Offer, WorkloadSpec
+from vk_provider.domain.offerindex import OfferIndex, bits
 
 
 class CapacityType(enum.Enum):
@@ -181,54 +182,7 @@ def score(offer: Offer, health: ProviderHealth, policy: PlacementPolicy) -> floa
     return offer.price_per_hour * (1.0 + penalties(offer, health, policy).total)
 
 
-@dataclass(frozen=True, slots=True)
-class _Context:
-    blocked: frozenset[str]
-    health: Mapping[str, ProviderHealth]
-    budget: BudgetView | None
-    capabilities: Mapping[str, Capabilities]
-
-
 _HEALTHY = ProviderHealth()
-
-
-def _passes(name: str, request: PlacementRequest, offer: Offer, ctx: _Context) -> bool:
-    if name == "provider":
-        return not request.providers or offer.provider in request.providers
-    if name == "shape":
-        return request.shape.runs_on(ctx.capabilities.get(offer.provider))
-    if name == "gpu-count":
-        if request.gpu_count == 0:
-            return offer.gpu_count == 0
-        return offer.gpu_count >= request.gpu_count
-    if name == "gpu-model":
-        return not request.gpu_models or any(
-            gpu_matches(m, offer.gpu_model) for m in request.gpu_models
-        )
-    if name == "gpu-memory":
-        return offer.gpu_memory_gib >= request.min_gpu_memory_gib
-    if name == "cpu":
-        return offer.vcpus >= request.cpu
-    if name == "memory":
-        return offer.memory_gib >= request.memory_gib
-    if name == "region":
-        return not request.regions or offer.region in request.regions
-    if name == "capacity-type":
-        if request.capacity_type is CapacityType.ANY:
-            return True
-        return offer.spot == (request.capacity_type is CapacityType.SPOT)
-    if name == "price":
-        limit = request.max_price_per_hour
-        return limit is None or offer.price_per_hour <= limit
-    if name == "sold-out":
-        return offer.available > 0
-    if name == "provider-health":
-        return ctx.health.get(offer.provider, _HEALTHY).callable
-    if name == "blocked":
-        return offer.key not in ctx.blocked and offer.provider not in ctx.blocked
-    if name == "budget":
-        return ctx.budget is None or ctx.budget.allows(offer.price_per_hour)
-    raise AssertionError(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,8 +193,18 @@ class Placement:
     removed: tuple[tuple[str, int], ...] = field(default=())
     # Providers that cannot run the pod's shape (more than one container): named in Events.
     unable: tuple[str, ...] = ()
-    # Every offer that did not pass, with the filter that removed it (the first it failed).
-    refused: tuple[tuple[Offer, str], ...] = ()
+    # What each filter removed, as masks over ``_offers`` (``refused`` is built from them
+    # only when asked: a launch never needs it, a dry run does).
+    _removed_masks: tuple[tuple[str, int], ...] = ()
+    _offers: tuple[Offer, ...] = ()
+
+    @property
+    def refused(self) -> tuple[tuple[Offer, str], ...]:
+        """Every offer that did not pass, with the filter that removed it (the first it
+        failed), filter by filter in ``FILTERS`` order, offers in their given order."""
+        return tuple(
+            (self._offers[i], name) for name, mask in self._removed_masks for i in bits(mask)
+        )
 
     @property
     def fits(self) -> bool:
@@ -261,7 +225,7 @@ class Placement:
 
 def place(
     request: PlacementRequest,
-    offers: Iterable[Offer],
+    offers: Iterable[Offer] | OfferIndex,
     *,
     blocked: frozenset[str] = frozenset(),
     health: Mapping[str, ProviderHealth] | None = None,
@@ -272,37 +236,121 @@ def place(
 ) -> Placement:
     """Filter ``offers`` by ``request`` and rank them; see the module docstring.
 
-    ``capabilities`` (per provider) decide which providers can run a pod of more than one
-    container (the "shape" filter); a single-container pod runs anywhere.
+    ``offers`` is best an ``OfferIndex`` built once for many decisions (the offer book keeps
+    one); plain offers are indexed on the way. ``capabilities`` (per provider) decide which
+    providers can run a pod of more than one container (the "shape" filter); a
+    single-container pod runs anywhere.
     """
-    ctx = _Context(
-        blocked=blocked, health=health or {}, budget=budget, capabilities=capabilities or {}
-    )
-    remaining: Sequence[Offer] = list(offers)
+    index = offers if isinstance(offers, OfferIndex) else OfferIndex(offers)
+    states = health or {}
+    remaining = index.all
     removed: list[tuple[str, int]] = []
-    refused: list[tuple[Offer, str]] = []
-    unable: set[str] = set()
+    removed_masks: list[tuple[str, int]] = []
+    unable: tuple[str, ...] = ()
     for name in FILTERS:
-        kept: list[Offer] = []
-        for offer in remaining:
-            if _passes(name, request, offer, ctx):
-                kept.append(offer)
-            else:
-                refused.append((offer, name))
-        removed.append((name, len(remaining) - len(kept)))
-        if name == "shape":
-            unable = {o.provider for o in remaining} - {o.provider for o in kept}
+        if not remaining:
+            removed.append((name, 0))
+            continue
+        mask = _mask(name, request, index, blocked, states, budget, capabilities or {})
+        kept = remaining if mask is None else remaining & mask
+        gone = remaining ^ kept
+        removed.append((name, gone.bit_count()))
+        if gone:
+            removed_masks.append((name, gone))
+            if name == "shape":
+                unable = tuple(
+                    sorted(
+                        p
+                        for p, pmask in index.providers.items()
+                        if pmask & remaining and not pmask & kept
+                    )
+                )
         remaining = kept
     prio = priorities or {}
-    states = ctx.health
-
-    def rank(offer: Offer) -> tuple[float, float, int, str]:
-        value = score(offer, states.get(offer.provider, _HEALTHY), policy)
-        return (value, offer.price_per_hour, -prio.get(offer.provider, 0), offer.key)
-
+    static = index.static_penalties(policy, lambda o: _static_penalty(o, policy))
+    failures = {
+        p: min(
+            states.get(p, _HEALTHY).recent_failures * policy.failure_penalty,
+            policy.failure_penalty_cap,
+        )
+        for p in index.providers
+    }
+    ranked = []
+    for i in bits(remaining):
+        offer = index.offers[i]
+        price = offer.price_per_hour
+        value = price * (1.0 + (static[i] + failures[offer.provider]))
+        ranked.append((value, price, -prio.get(offer.provider, 0), offer.key, i))
+    ranked.sort()
     return Placement(
-        candidates=tuple(sorted(remaining, key=rank)),
+        candidates=tuple(index.offers[r[4]] for r in ranked),
         removed=tuple(removed),
-        unable=tuple(sorted(unable)),
-        refused=tuple(refused),
+        unable=unable,
+        _removed_masks=tuple(removed_masks),
+        _offers=index.offers,
     )
+
+
+def _static_penalty(offer: Offer, policy: PlacementPolicy) -> float:
+    """The part of ``penalties(...).total`` that does not depend on provider health, summed
+    in the same order (so the score is the same float)."""
+    p = penalties(offer, _HEALTHY, policy)
+    return p.low_availability + p.startup
+
+
+def _mask(
+    name: str,
+    request: PlacementRequest,
+    index: OfferIndex,
+    blocked: frozenset[str],
+    health: Mapping[str, ProviderHealth],
+    budget: BudgetView | None,
+    capabilities: Mapping[str, Capabilities],
+) -> int | None:
+    """The offers that pass filter ``name``; None when every offer does."""
+    if name == "provider":
+        return index.union(index.providers, request.providers) if request.providers else None
+    if name == "shape":
+        if request.shape.single:
+            return None
+        able = [p for p in index.providers if request.shape.runs_on(capabilities.get(p))]
+        return index.union(index.providers, able)
+    if name == "gpu-count":
+        if request.gpu_count == 0:
+            return index.no_gpu
+        return index.gpu_count_at_least(request.gpu_count)
+    if name == "gpu-model":
+        return index.gpu_models(request.gpu_models, gpu_matches) if request.gpu_models else None
+    if name == "gpu-memory":
+        return index.gpu_memory_at_least(request.min_gpu_memory_gib)
+    if name == "cpu":
+        return index.vcpus_at_least(request.cpu)
+    if name == "memory":
+        return index.memory_at_least(request.memory_gib)
+    if name == "region":
+        return index.union(index.regions, request.regions) if request.regions else None
+    if name == "capacity-type":
+        if request.capacity_type is CapacityType.ANY:
+            return None
+        return index.spot if request.capacity_type is CapacityType.SPOT else index.on_demand
+    if name == "price":
+        limit = request.max_price_per_hour
+        return None if limit is None else index.price_at_most(limit)
+    if name == "sold-out":
+        return index.in_stock
+    if name == "provider-health":
+        down = [p for p in index.providers if not health.get(p, _HEALTHY).callable]
+        return index.all ^ index.union(index.providers, down) if down else None
+    if name == "blocked":
+        if not blocked:
+            return None
+        return index.all ^ (
+            index.union(index.keys, blocked) | index.union(index.providers, blocked)
+        )
+    if name == "budget":
+        if budget is None:
+            return None
+        rooms = [r + 1e-9 for r in (budget.global_room, budget.namespace_room) if r is not None]
+        # BudgetView.allows: price <= room + 1e-9 for every room there is.
+        return index.price_at_most(min(rooms)) if rooms else None
+    raise AssertionError(name)

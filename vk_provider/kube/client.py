@@ -12,11 +12,17 @@ Invariants:
   election: a replica that does not lead writes none of them).
 - Pod status is written through the ``/status`` subresource with a JSON merge patch (lists are
   replaced whole, so a container state never keeps a stale ``waiting`` next to ``running``).
+- No per-request work beyond the request: one TLS context and connection pool for the
+  client's life, and the environment's proxy settings resolved once, at connect, as
+  client-go does — not a ``~/.netrc`` read and a proxy lookup (each a hop to a thread) per
+  request, which is what aiohttp's ``trust_env`` costs.
 """
 
 from __future__ import annotations
 
 import json
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -90,6 +96,22 @@ async def _json(call: Awaitable[Any]) -> JSON:
     return body
 
 
+def _resolve_environment_once(api: ApiClient) -> None:
+    """Use the proxy the environment names for the API server (if any) for every request,
+    and stop aiohttp from looking the environment and ``~/.netrc`` up again per request."""
+    rest: Any = api.rest_client
+    configuration: Any = api.configuration
+    if not rest.proxy:
+        host = urllib.parse.urlsplit(str(configuration.host)).hostname or ""
+        proxies = urllib.request.getproxies()
+        proxy = proxies.get("https") or proxies.get("all")
+        if proxy and host and not urllib.request.proxy_bypass(host):
+            rest.proxy = proxy
+    session: aiohttp.ClientSession = rest.pool_manager
+    # aiohttp has no setter; the session is ours alone and has made no request yet.
+    session._trust_env = False
+
+
 class KubeClient:
     """Typed, dict-in dict-out access to the few API calls the agent makes."""
 
@@ -101,6 +123,7 @@ class KubeClient:
 
     def _bind(self, api: ApiClient) -> None:
         self._api = api
+        _resolve_environment_once(api)
         # Typed as Any on purpose: we send and receive raw JSON (dict bodies, forced content
         # types, unparsed responses), which the generated signatures do not describe.
         self.core: Any = client.CoreV1Api(api)

@@ -1,7 +1,15 @@
 """Kubernetes Events about pods (and the virtual node), with the reasons of PRODUCT.md §6.
 
-Repeats of the same (pod, reason, message) within ten minutes bump the existing Event's
-``count`` instead of creating a new object, as client-go's recorder does.
+Every Event goes through client-go's correlation first (``domain.eventcorrelator``): a spam
+filter per object (25 at once, then one per five minutes), aggregation of similar Events
+(same reason, ten different messages), and deduplication — repeats of the same (pod,
+reason, message) within ten minutes bump the existing Event's ``count`` instead of creating
+a new object. So an Event costs one write when it is news and none when it is spam.
+
+While ``run()`` runs (the agent supervises it), ``record`` only queues the Event (at most
+``QUEUED_EVENTS``, as client-go's broadcaster does; more are dropped with a warning) and a few
+senders write them: a pod's sync never waits for its Events. Without ``run()`` (tools,
+tests of the recorder itself) ``record`` writes at once.
 
 Invariants: recording never raises (an Event is best effort and must not fail a sync);
 messages are written by our own code and never carry secret values.
@@ -9,20 +17,22 @@ messages are written by our own code and never carry secret values.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from vk_provider.domain.eventcorrelator import Action, EventCorrelator
 from vk_provider.domain.podview import rfc3339
 from vk_provider.kube.client import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "vk-provider"
-_DEDUP_SECONDS = 600.0
-_MAX_REMEMBERED = 4096
+QUEUED_EVENTS = 10_000  # client-go queues 1,000 per broadcaster; a node of ours has more pods
+SENDERS = 8
 
 # Reasons (PRODUCT.md §6).
 PROVIDER_SELECTED = "ProviderSelected"
@@ -45,31 +55,74 @@ class EventRecorder:
         *,
         node_name: str,
         clock: Callable[[], float] = time.monotonic,
+        correlator: EventCorrelator | None = None,
     ) -> None:
         self._kube = kube
         self._node = node_name
         self._clock = clock
-        self._recent: dict[tuple[str, str, str], tuple[str, int, float]] = {}
+        self._correlator = correlator or EventCorrelator()
+        self._outbox: asyncio.Queue[tuple[dict[str, Any], str, str, str]] | None = None
+        self._dropped = 0
+
+    async def run(self, *, senders: int = SENDERS) -> None:
+        """Send queued Events until cancelled; ``record`` queues while this runs."""
+        outbox: asyncio.Queue[tuple[dict[str, Any], str, str, str]] = asyncio.Queue(QUEUED_EVENTS)
+
+        async def send() -> None:
+            while True:
+                item = await outbox.get()
+                try:
+                    await self._write(*item)
+                except Exception:  # a sender must not die of one Event
+                    log.exception("writing event %s failed", item[2])
+                finally:
+                    outbox.task_done()
+
+        self._outbox = outbox
+        try:
+            await asyncio.gather(*(send() for _ in range(senders)))
+        finally:
+            self._outbox = None
+
+    async def flush(self) -> None:
+        """Wait until every queued Event was written (or dropped)."""
+        if self._outbox is not None:
+            await self._outbox.join()
 
     async def record(self, pod: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """Record a ``Normal`` or ``Warning`` event about ``pod`` (or a Node: its Events go to
         the ``default`` namespace, as a kubelet's do)."""
+        if self._outbox is None:
+            await self._write(pod, kind, reason, message)
+            return
+        try:
+            self._outbox.put_nowait((pod, kind, reason, message))
+        except asyncio.QueueFull:
+            self._dropped += 1
+            if self._dropped in (1, 10, 100) or self._dropped % 1000 == 0:
+                log.warning("%d events dropped: more than %d waiting", self._dropped, QUEUED_EVENTS)
+
+    async def _write(self, pod: dict[str, Any], kind: str, reason: str, message: str) -> None:
         metadata = pod.get("metadata") or {}
         object_kind = str(pod.get("kind") or "Pod")
         namespace = (
             "default" if object_kind == "Node" else str(metadata.get("namespace", "default"))
         )
         uid = str(metadata.get("uid", ""))
-        key = (uid, reason, message)
+        verdict = self._correlator.correlate(uid, kind, reason, message, self._clock())
+        if verdict.action is Action.DROP:
+            log.debug("event %s for %s/%s dropped by the spam filter", reason, namespace, uid)
+            return
         now = datetime.now(UTC)
         try:
-            remembered = self._recent.get(key)
-            if remembered and self._clock() - remembered[2] < _DEDUP_SECONDS:
-                name, count, _ = remembered
+            if verdict.action is Action.BUMP:
                 await self._kube.patch_event(
-                    namespace, name, {"count": count + 1, "lastTimestamp": rfc3339(now)}
+                    namespace,
+                    verdict.name,
+                    {"count": verdict.count, "lastTimestamp": rfc3339(now)}
+                    | ({"message": verdict.message} if verdict.message != message else {}),
                 )
-                self._recent[key] = (name, count + 1, self._clock())
+                self._correlator.created(verdict, verdict.name, self._clock())
                 return
             event = {
                 "apiVersion": "v1",
@@ -87,7 +140,7 @@ class EventRecorder:
                 }
                 | ({} if object_kind == "Node" else {"namespace": namespace}),
                 "reason": reason,
-                "message": message,
+                "message": verdict.message,
                 "type": kind,
                 "count": 1,
                 "firstTimestamp": rfc3339(now),
@@ -97,14 +150,11 @@ class EventRecorder:
                 "reportingInstance": self._node,
             }
             created = await self._kube.create_event(namespace, event)
-            if len(self._recent) >= _MAX_REMEMBERED:
-                self._recent.clear()
-            self._recent[key] = (created["metadata"]["name"], 1, self._clock())
+            self._correlator.created(verdict, str(created["metadata"]["name"]), self._clock())
         except ApiError as exc:
             # Namespace terminating, event GC'd meanwhile, API hiccup: drop it, never fail.
-            self._recent.pop(key, None)
+            self._correlator.failed(verdict)
             log.info("event %s for %s/%s not recorded: %s", reason, namespace, uid, exc)
 
     def forget(self, uid: str) -> None:
-        for key in [k for k in self._recent if k[0] == uid]:
-            del self._recent[key]
+        self._correlator.forget(uid)

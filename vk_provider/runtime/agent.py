@@ -120,6 +120,7 @@ class Agent:
     # identity: node — the certificate behind ``kube``, renewed by a root task of its own.
     identity: NodeIdentity | None = None
     elector: LeaderElector | None = None
+    pod_events: EventRecorder | None = None  # its senders run beside the pod workers
 
     @classmethod
     async def create(
@@ -184,13 +185,14 @@ class Agent:
             priorities={p.name: p.priority for p in config.providers},
         )
         store = PodStore()
+        pod_events = EventRecorder(kube, node_name=config.node.name)
         pods = PodController(
             kube,
             node_name=config.node.name,
             host_ip=address,
             providers=calls,
             offers=offers,
-            recorder=EventRecorder(kube, node_name=config.node.name),
+            recorder=pod_events,
             launcher=launcher,
             store=store,
             intervals=intervals,
@@ -336,6 +338,7 @@ class Agent:
             rest_api,
             overflow,
             elector=elector,
+            pod_events=pod_events,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -404,6 +407,8 @@ class Agent:
             "reconcile": self.reconciler.run,
             "pod-workers": self.pods.run_workers,
         }
+        if self.pod_events is not None:
+            roots["pod-events"] = self.pod_events.run
         if self.overflow is not None:
             roots["overflow"] = self.overflow.run
         await supervise(roots, asyncio.Event(), before_cancel=self.pods.queue.close)
