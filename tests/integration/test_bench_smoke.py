@@ -13,6 +13,8 @@ import pytest
 from bench import __main__ as bench_main
 from vk_provider.cluster.cluster import LocalCluster
 
+pytestmark = pytest.mark.integration
+
 ROWS = (
     "raw baseline: bind→Running",
     "memory provider: bind→Running",
