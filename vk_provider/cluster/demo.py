@@ -212,6 +212,31 @@ def _stop_local_instances(config_path: Path) -> None:
     asyncio.run(stop_all())
 
 
+def start_agent(
+    config_path: Path, kubeconfig: Path, state_dir: Path, log_path: Path
+) -> subprocess.Popen[bytes]:
+    """``vk-provider run`` as a child that dies with the demo, its output appended to the log."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log_file:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vk_provider",
+                "run",
+                "--config",
+                str(config_path),
+                "--kubeconfig",
+                str(kubeconfig),
+                "--state-dir",
+                str(state_dir),
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,  # the demo is single-threaded here
+        )
+
+
 def wait_agent_ready(
     rest_port: int, agent: subprocess.Popen[bytes], log: Path, within: float = 180
 ) -> None:
@@ -277,26 +302,8 @@ def run_demo(
         )
         config_path.write_text(yaml.safe_dump(config))
         log_path = agent_log_path(name)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         say(f"  starting the agent (log: {log_path})")
-        with log_path.open("ab") as log_file:
-            agent = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "vk_provider",
-                    "run",
-                    "--config",
-                    str(config_path),
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--state-dir",
-                    str(state_dir),
-                ],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,  # the demo is single-threaded here
-            )
+        agent = start_agent(config_path, kubeconfig, state_dir, log_path)
         wait_agent_ready(rest_port, agent, log_path)
         cluster.create_object(
             f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments", demo_deployment()

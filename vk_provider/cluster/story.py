@@ -39,10 +39,10 @@ from vk_provider.cluster.binaries import Binaries
 from vk_provider.cluster.cluster import LocalCluster, free_ports, port_is_free
 from vk_provider.cluster.demo import (
     DEFAULT_REST_PORT,
-    _die_with_parent,
     _quietly,
     _stop_local_instances,
     agent_log_path,
+    start_agent,
 )
 from vk_provider.cluster.flags import GANG_SCHEDULING
 from vk_provider.cluster.flip import workloads as w
@@ -288,30 +288,6 @@ class Story:
         self.draw()
 
 
-def _start_agent(
-    config_path: Path, kubeconfig: Path, state_dir: Path, log_path: Path
-) -> subprocess.Popen[bytes]:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log_file:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "vk_provider",
-                "run",
-                "--config",
-                str(config_path),
-                "--kubeconfig",
-                str(kubeconfig),
-                "--state-dir",
-                str(state_dir),
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,  # the demo is single-threaded here
-        )
-
-
 def _wait_node_ready(parts: FlipComponents, agent: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -367,7 +343,7 @@ def run_story(
         config_path.write_text(yaml.safe_dump(config))
         log_path = agent_log_path(name)
         say(f"  starting the agent (log: {log_path})")
-        agent = _start_agent(config_path, kubeconfig, state_dir, log_path)
+        agent = start_agent(config_path, kubeconfig, state_dir, log_path)
         _wait_node_ready(parts, agent, log_path)
         api = parts.api
         api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}, exist_ok=True)
