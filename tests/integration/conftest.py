@@ -12,6 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agent_harness import AgentHarness
+
+# Session fixtures of the kubelet API tests, defined once here: a session-scoped fixture
+# imported into two test modules would be two fixtures, set up twice (one veth pair, one
+# network namespace name per session).
+from tests.integration.kubelet_node import kubectl, metrics, node_link
 from vk_provider.cluster.binaries import ensure_binaries
 from vk_provider.cluster.cluster import LocalCluster
 from vk_provider.cluster.flags import GANG_SCHEDULING
@@ -70,3 +75,6 @@ def cpu_hog() -> Iterator[int]:
             hog.kill()
         for hog in hogs:
             hog.wait()
+
+
+__all__ = ["kubectl", "metrics", "node_link"]  # fixtures from kubelet_node

@@ -28,13 +28,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import DEFAULT_OFFERS, AgentHarness, AgentProcess, pod_on
-from tests.integration.kubelet_node import (
-    Commands,
-    kubectl,
-    metrics,
-    node_link,
-    start_agent_on,
-)
+from tests.integration.kubelet_node import Commands, start_agent_on
 from tests.integration.test_agent import _phase, _ready_node
 from vk_provider.cluster import netns
 from vk_provider.cluster.cluster import LocalCluster
@@ -42,7 +36,6 @@ from vk_provider.cluster.metrics_server import MetricsServer
 from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration
-__all__ = ["kubectl", "metrics", "node_link"]  # fixtures
 PY = sys.executable
 LOCAL = {"name": "local-a", "offers": DEFAULT_OFFERS, "restart_backoff_seconds": 1}
 MEMORY = {"type": "memory", "name": "mem", "enabled": True, "offers": [DEFAULT_OFFERS[1]]}

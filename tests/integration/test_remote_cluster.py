@@ -39,7 +39,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers, pod_on
-from tests.integration.kubelet_node import Commands, kubectl, node_link, start_agent_on
+from tests.integration.kubelet_node import Commands, start_agent_on
 from tests.integration.test_kubelet_endpoints import read_until
 from vk_provider.cluster import netns
 from vk_provider.cluster.binaries import ensure_binaries
@@ -48,7 +48,6 @@ from vk_provider.cluster.metrics_server import MetricsServer, ensure_metrics_ser
 from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration
-__all__ = ["kubectl", "node_link"]  # fixtures
 PY = sys.executable
 PROVIDER = "remote-b"
 
