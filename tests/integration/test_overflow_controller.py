@@ -240,6 +240,12 @@ async def test_the_node_controller_leaves_the_flips_taint_and_condition_alone(
     signal = ScriptedSignal(FULL)
     async with running(controller(api, node, signal)):
         await until_effect(api, node, "PreferNoSchedule")
+
+        async def condition_written() -> bool:
+            # The taint is written before the condition: leave only once both are there.
+            return (await condition(api, node)).get("status") == "True"
+
+        await wait_for(condition_written, timeout=20, interval=0.1, what="Overflow condition")
     memory = MemoryProvider(
         MemoryProviderConfig.model_validate(
             {
