@@ -21,9 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
+from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess
 from vk_provider.cluster import netns
 from vk_provider.cluster.cluster import LocalCluster
@@ -138,3 +140,29 @@ def kubectl(kubeconfig: Path) -> Iterator[Commands]:
         yield commands
     finally:
         commands.reap()
+
+
+async def assert_port_forward(kubectl: Commands, namespace: str, local: int, port: int) -> None:
+    """``kubectl port-forward`` of pod/server (an HTTP server answering "hello from /PATH" on
+    ``port``) to 127.0.0.1:``local``: two connections of one session are answered, and the
+    forward is still running afterwards."""
+    forward = kubectl.start(
+        "port-forward", "-n", namespace, "pod/server", f"{local}:{port}",
+        "--address", "127.0.0.1", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert forward.stdout is not None
+    line = forward.stdout.readline()
+    assert f"Forwarding from 127.0.0.1:{local}" in line, line
+
+    async def answered() -> httpx.Response | None:
+        with contextlib.suppress(httpx.HTTPError):
+            async with httpx.AsyncClient(timeout=10) as http:
+                return await http.get(f"http://127.0.0.1:{local}/first")
+        return None
+
+    first = await wait_for(answered, timeout=60, what="an answer through the forward")
+    assert first.status_code == 200 and first.text == "hello from /first"
+    async with httpx.AsyncClient(timeout=10) as http:  # a second connection, same session
+        second = await http.get(f"http://127.0.0.1:{local}/second")
+    assert second.text == "hello from /second"
+    assert forward.poll() is None  # still forwarding

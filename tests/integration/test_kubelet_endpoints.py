@@ -10,7 +10,6 @@ server translates its WebSocket streams into SPDY for the kubelet API, which is 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import select
@@ -21,14 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import DEFAULT_OFFERS, AgentHarness, AgentProcess, pod_on
-from tests.integration.kubelet_node import Commands, start_agent_on
+from tests.integration.kubelet_node import Commands, assert_port_forward, start_agent_on
 from tests.integration.test_agent import _phase, _ready_node
 from vk_provider.cluster import netns
 from vk_provider.cluster.cluster import LocalCluster
@@ -326,26 +324,7 @@ async def test_port_forward_reaches_the_pods_port(
         },
     )
     await running_pod(kube, api, namespace, manifest)
-    forward = kubectl.start(
-        "port-forward", "-n", namespace, "pod/server", f"{local}:{port}",
-        "--address", "127.0.0.1", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert forward.stdout is not None
-    line = forward.stdout.readline()
-    assert f"Forwarding from 127.0.0.1:{local}" in line, line
-
-    async def answered() -> httpx.Response | None:
-        with contextlib.suppress(httpx.HTTPError):
-            async with httpx.AsyncClient(timeout=10) as http:
-                return await http.get(f"http://127.0.0.1:{local}/first")
-        return None
-
-    first = await wait_for(answered, timeout=60, what="an answer through the forward")
-    assert first.status_code == 200 and first.text == "hello from /first"
-    async with httpx.AsyncClient(timeout=10) as http:  # a second connection, same session
-        second = await http.get(f"http://127.0.0.1:{local}/second")
-    assert second.text == "hello from /second"
-    assert forward.poll() is None  # still forwarding
+    await assert_port_forward(kubectl, namespace, local, port)
 
 
 # --------------------------------------------------------------------------- kubectl top

@@ -15,7 +15,6 @@ runs every container and the probe, and A's pod shows each container as B report
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -31,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from kubernetes_asyncio import client, config
@@ -39,7 +37,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers, pod_on
-from tests.integration.kubelet_node import Commands, start_agent_on
+from tests.integration.kubelet_node import Commands, assert_port_forward, start_agent_on
 from tests.integration.test_kubelet_endpoints import read_until
 from vk_provider.cluster import netns
 from vk_provider.cluster.binaries import ensure_binaries
@@ -631,26 +629,7 @@ async def test_port_forward_through_a_reaches_a_server_in_b(
     )
     await client.CoreV1Api(kube).create_namespaced_pod(namespace, pod)
     await _running(api, namespace, "server", linked_bridge.agent_a)
-    forward = kubectl.start(
-        "port-forward", "-n", namespace, "pod/server", f"{local}:{port}",
-        "--address", "127.0.0.1", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert forward.stdout is not None
-    line = forward.stdout.readline()
-    assert f"Forwarding from 127.0.0.1:{local}" in line, line
-
-    async def answered() -> httpx.Response | None:
-        with contextlib.suppress(httpx.HTTPError):
-            async with httpx.AsyncClient(timeout=10) as http:
-                return await http.get(f"http://127.0.0.1:{local}/first")
-        return None
-
-    first = await wait_for(answered, timeout=60, what="an answer through both forwards")
-    assert first.status_code == 200 and first.text == "hello from /first"
-    async with httpx.AsyncClient(timeout=10) as http:  # a second connection, same session
-        second = await http.get(f"http://127.0.0.1:{local}/second")
-    assert second.text == "hello from /second"
-    assert forward.poll() is None
+    await assert_port_forward(kubectl, namespace, local, port)
 
 
 async def test_stats_summary_of_a_shows_the_remote_pods_usage(
