@@ -158,6 +158,10 @@ def wait_until(predicate: Any, *, timeout: float, what: str, interval: float = 0
         time.sleep(interval)
 
 
+# A local runner's command line, or its spawner's (a forked runner carries the spawner's).
+_LOCAL_PROCESS = "providers.local."
+
+
 def reap_runners(root: Path) -> int:
     """SIGKILL every local runner (and its programs) started under ``root``; how many."""
     killed = 0
@@ -169,7 +173,7 @@ def reap_runners(root: Path) -> int:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "providers.local.runner" in cmdline and marker in cmdline:
+        if _LOCAL_PROCESS in cmdline and marker in cmdline:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(entry.name), signal.SIGKILL)
                 killed += 1

@@ -54,7 +54,7 @@ from providers.local.faults import (
     faults_locked,
     read_fault_overrides,
 )
-from providers.local.launch import PACKAGE_ROOT, local_containers, runner_command, write_pod
+from providers.local.launch import PACKAGE_ROOT, local_containers, write_pod
 from providers.local.layout import (
     CONTAINER_LOG,
     CONTAINER_ORDER,
@@ -69,7 +69,7 @@ from providers.local.layout import (
 from providers.local.logs import stream_log
 from providers.local.observe import enforce_deadline, kill_all, observe
 from providers.local.portforward import open_local_port
-from providers.local.processes import signal_runner, start_process
+from providers.local.processes import signal_runner
 from providers.local.records import (
     INSTANCE_FILE,
     INSTANCE_ID,
@@ -82,6 +82,7 @@ from providers.local.records import (
     read_termination,
     write_json,
 )
+from providers.local.spawner import Spawner
 from providers.local.usage import instance_usage
 from providers.simulated import SimulatedOffer, simulated_offer
 from vk_provider.domain.containers import ContainerUsage
@@ -150,6 +151,8 @@ class LocalProvider:
         # by create and release. A create's capacity check counts it (no file read) and
         # looks at the sku's instances only when the count says full.
         self._index: dict[str, set[str]] | None = None
+        # Forks each instance's runner from one waiting process (``spawner.py``).
+        self._spawner = Spawner(self._state_dir)
 
     @property
     def name(self) -> str:
@@ -269,7 +272,8 @@ class LocalProvider:
             return await asyncio.to_thread(instance_usage, directory)
 
     async def close(self) -> None:
-        """Nothing to release: like cloud machines, instances outlive the agent."""
+        """Let the runner spawner go; like cloud machines, instances outlive the agent."""
+        self._spawner.close()
 
     # --- internals ------------------------------------------------------------------------
 
@@ -442,9 +446,9 @@ class LocalProvider:
             apps=apps,
         )
         try:
-            process = start_process(
-                f"local-runner {directory.name}",
-                runner_command(directory, startup_seconds=offer.startup_seconds),
+            process = self._spawner.start_runner(
+                directory,
+                startup_seconds=offer.startup_seconds,
                 log_file=directory / RUNNER_LOG_FILE,
                 cwd=PACKAGE_ROOT,
             )

@@ -268,6 +268,10 @@ class AgentHarness:
         reap_runners(self._tmp)
 
 
+# A local runner's command line, or its spawner's (a forked runner carries the spawner's).
+_LOCAL_PROCESS = "providers.local."
+
+
 def reap_runners(root: Path) -> list[int]:
     """SIGKILL every local runner (and its program) started under ``root``; their pids."""
     killed = []
@@ -279,7 +283,7 @@ def reap_runners(root: Path) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "providers.local.runner" in cmdline and marker in cmdline:
+        if _LOCAL_PROCESS in cmdline and marker in cmdline:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(int(entry.name), signal.SIGKILL)  # a runner leads its own group
                 killed.append(int(entry.name))

@@ -118,7 +118,10 @@ async def test_demo_places_the_workload_cheapest_first_and_cleans_up(tmp_path: P
     assert [pid for pid in process_pids if _alive(pid)] == []
     assert not cluster.directory.exists()
     leftovers = subprocess.run(
-        ["pgrep", "-af", "providers.local.runner"], capture_output=True, text=True, check=False
+        ["pgrep", "-af", "providers.local.(runner|spawner)"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert str(tmp_path) not in leftovers.stdout
 
