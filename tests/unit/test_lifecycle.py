@@ -26,6 +26,7 @@ from vk_provider.domain.lifecycle import (
     crash_backoff,
     decide,
     next_attempt,
+    start_poll_delay,
 )
 from vk_provider.domain.models import Instance, InstanceState
 from vk_provider.domain.podview import ANN_INSTANCE, ANN_OFFER, ANN_PRICE, ANN_PROVIDER, PodView
@@ -261,3 +262,19 @@ def test_terminate_gives_the_instance_what_is_left_of_the_grace_period() -> None
         decide(pod(context=Context.DELETING), running, now=NOW + timedelta(seconds=26)).context
         is Context.OVERDUE
     )
+
+
+def test_a_pending_instance_is_looked_at_soon_after_its_launch_then_at_the_poll_interval() -> None:
+    assert [start_poll_delay(0.25, 2.0, n) for n in range(6)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+    # A first poll slower than the interval is not shortened to it.
+    assert start_poll_delay(5.0, 2.0, 0) == 5.0
+
+
+def test_the_pod_memory_counts_its_pending_polls() -> None:
+    from vk_provider.controllers.placer import PodMemory
+    from vk_provider.settings.agent import IntervalsConfig
+
+    intervals = IntervalsConfig(pod_start_poll_seconds=0.5, pod_status_seconds=3)
+    memory = PodMemory(uid="u")
+    assert [memory.next_start_poll(intervals) for _ in range(4)] == [0.5, 1.0, 2.0, 3.0]
+    assert memory.pending_polls == 4

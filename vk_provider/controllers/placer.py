@@ -31,6 +31,7 @@ from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.env import references
 from vk_provider.domain.errors import CapacityUnavailable, ProviderError
+from vk_provider.domain.lifecycle import start_poll_delay
 from vk_provider.domain.models import Instance
 from vk_provider.domain.placement import PlacementRequest
 from vk_provider.domain.podspec import InvalidPodSpec
@@ -58,6 +59,15 @@ class PodMemory:
     waiting: bool = False  # unplaceable: kicked when room appears
     explanation: str = ""  # why it was placed where it is (kept on the pod)
     unplaceable_since: datetime | None = None  # first failed placement of this pod, since
+    pending_polls: int = 0  # status polls since the launch that found the instance pending
+
+    def next_start_poll(self, intervals: IntervalsConfig) -> float:
+        """The delay of the next status poll of a pending instance (and count this one)."""
+        delay = start_poll_delay(
+            intervals.pod_start_poll_seconds, intervals.pod_status_seconds, self.pending_polls
+        )
+        self.pending_polls += 1
+        return delay
 
 
 class Placer:
@@ -272,7 +282,8 @@ class Placer:
                 )
             except ProviderError as exc:  # reconciliation removes it as an old attempt
                 log.info("releasing %s after a relaunch failed: %s", previous.instance_id, exc)
-        self._queue.add_after(pod.key, self._intervals.pod_status_seconds)
+        memory.pending_polls = 0
+        self._queue.add_after(pod.key, memory.next_start_poll(self._intervals))
 
     async def _unplaceable(
         self,

@@ -351,7 +351,7 @@ class PodController:
         elif step is Step.SHOW_PENDING:
             assert instance is not None
             await self._report.pending(pod, instance)
-            self.queue.add_after(key, self._intervals.pod_status_seconds)
+            self.queue.add_after(key, memory.next_start_poll(self._intervals))
         elif step is Step.SHOW_RUNNING:
             assert instance is not None
             await self._report.running(pod, instance)

@@ -178,6 +178,14 @@ def crash_backoff(base: float, restart_count: int) -> float:
     return float(min(base * (2 ** max(restart_count, 0)), MAX_CRASH_BACKOFF_SECONDS))
 
 
+def start_poll_delay(first: float, interval: float, polls: int) -> float:
+    """When to look at a launched, still pending instance again: ``first`` after the launch,
+    doubled per poll that found it pending, never later than the status poll ``interval``.
+    A local instance runs within a fraction of a second; a cloud VM that boots for minutes
+    costs a handful of extra reads in its first seconds."""
+    return float(min(first * (2 ** max(polls, 0)), max(interval, first)))
+
+
 def context_of(pod: PodView, *, now: datetime, deletion_slack: float) -> Context:
     if pod.deletion_deadline is not None:
         slack = timedelta(seconds=deletion_slack)

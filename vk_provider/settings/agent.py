@@ -101,6 +101,13 @@ class IntervalsConfig(Strict):
     lease_duration_seconds: int = Field(40, ge=10, le=600, description="Lease duration.")
     node_status_seconds: float = Field(30, gt=0, le=600, description="Node status refresh.")
     pod_status_seconds: float = Field(2, gt=0, le=60, description="Running pods' status poll.")
+    pod_start_poll_seconds: float = Field(
+        0.25,
+        gt=0,
+        le=60,
+        description="First status poll after a launch; doubles while the instance is "
+        "pending, up to pod_status_seconds.",
+    )
     offers_ttl_seconds: float = Field(30, gt=0, le=3600, description="Offer cache lifetime.")
     restart_backoff_seconds: float = Field(
         10, gt=0, le=300, description="First crash-loop back-off; doubles up to 300 s."
