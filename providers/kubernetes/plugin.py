@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from providers.kubernetes.adapter import KubernetesProvider
 from providers.kubernetes.config import KubernetesProviderConfig
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.providers import BuildContext, ProviderType
 
 
 def build(settings: KubernetesProviderConfig, context: BuildContext) -> Provider:
+    # Imported when used: an agent loads only the adapters it runs.
+    from providers.kubernetes.adapter import KubernetesProvider
+
     return KubernetesProvider(settings)
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from providers.lambda_cloud.adapter import LambdaCloudProvider
 from providers.lambda_cloud.config import LambdaProviderConfig
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.providers import BuildContext, ProviderType
 
 
 def build(settings: LambdaProviderConfig, context: BuildContext) -> Provider:
+    # Imported when used: an agent loads only the adapters it runs.
+    from providers.lambda_cloud.adapter import LambdaCloudProvider
+
     return LambdaCloudProvider(settings, state_dir=context.state_dir)
 
 

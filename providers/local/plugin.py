@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from providers.local.adapter import LocalProvider
 from providers.local.config import LocalProviderConfig
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.providers import BuildContext, ProviderType
 
 
 def build(settings: LocalProviderConfig, context: BuildContext) -> Provider:
+    # Imported when used: an agent loads only the adapters it runs.
+    from providers.local.adapter import LocalProvider
+
     return LocalProvider(settings, state_dir=context.state_dir)
 
 

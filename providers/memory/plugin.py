@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from providers.memory.adapter import MemoryProvider
 from providers.memory.config import MemoryProviderConfig
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.providers import BuildContext, ProviderType
 
 
 def build(settings: MemoryProviderConfig, context: BuildContext) -> Provider:
+    # Imported when used: an agent loads only the adapters it runs.
+    from providers.memory.adapter import MemoryProvider
+
     return MemoryProvider(settings)
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from providers.modal.adapter import ModalProvider
 from providers.modal.config import ModalProviderConfig
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.providers import BuildContext, ProviderType
 
 
 def build(settings: ModalProviderConfig, context: BuildContext) -> Provider:
+    # Imported when used: an agent loads only the adapters it runs.
+    from providers.modal.adapter import ModalProvider
+
     return ModalProvider(settings)
 
 

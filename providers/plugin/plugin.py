@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from providers.plugin.client import GrpcProvider
 from providers.plugin.config import GrpcProviderConfig
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.providers import BuildContext, ProviderType
 
 
 def build(settings: GrpcProviderConfig, context: BuildContext) -> Provider:
+    # Imported when used: an agent loads only the adapters it runs.
+    from providers.plugin.client import GrpcProvider
+
     return GrpcProvider(settings)
 
 

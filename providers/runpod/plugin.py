@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from providers.runpod.adapter import RunPodProvider
 from providers.runpod.config import RunPodProviderConfig
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.providers import BuildContext, ProviderType
 
 
 def build(settings: RunPodProviderConfig, context: BuildContext) -> Provider:
+    # Imported when used: an agent loads only the adapters it runs.
+    from providers.runpod.adapter import RunPodProvider
+
     return RunPodProvider(settings)
 
 

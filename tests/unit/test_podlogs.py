@@ -21,6 +21,7 @@ from vk_provider.domain.models import (
     Offer,
     WorkloadSpec,
 )
+from vk_provider.domain.podview import PodView
 from vk_provider.kube.client import KubeClient
 
 NODE = "vk-node"
@@ -58,6 +59,10 @@ class LogProvider:
 
     async def close(self) -> None:
         return None
+
+
+def a_view(instance: str, provider: str) -> PodView:
+    return PodView.parse(a_pod(instance, provider))
 
 
 def a_pod(instance_id: str, provider: str, uid: str = "u-1") -> dict[str, Any]:
@@ -144,8 +149,8 @@ async def test_previous_of_a_single_container_provider_is_the_previous_instance(
     cloud.logs_by_instance[("i-1", False)] = [b"attempt 0 crashed\n"]
     cloud.logs_by_instance[("i-2", False)] = [b"attempt 1 runs\n"]
     history = AttemptHistory()
-    history.observe(a_pod("i-1", "cloud-b"))
-    history.observe(a_pod("i-2", "cloud-b"))
+    history.observe(a_view("i-1", "cloud-b"))
+    history.observe(a_view("i-2", "cloud-b"))
     await kube.create_pod(a_pod("i-2", "cloud-b"))
     logs = source(kube, cloud, history=history)
     chunks = await logs.open_logs("ns", "web", "main", LogOptions(previous=True))
@@ -159,8 +164,8 @@ async def test_previous_of_a_single_container_provider_is_the_previous_instance(
 async def test_previous_instance_gone_at_its_provider_is_a_clear_400(kube: FakeKube) -> None:
     cloud = LogProvider("cloud-b", Capabilities())
     history = AttemptHistory()
-    history.observe(a_pod("i-1", "cloud-b"))
-    history.observe(a_pod("i-2", "cloud-b"))
+    history.observe(a_view("i-1", "cloud-b"))
+    history.observe(a_view("i-2", "cloud-b"))
     await kube.create_pod(a_pod("i-2", "cloud-b"))
     with pytest.raises(LogsUnavailable, match="previous terminated container"):
         await source(kube, cloud, history=history).open_logs(
@@ -189,7 +194,7 @@ async def test_after_an_agent_restart_an_older_attempt_still_listed_will_do(
 async def test_a_first_attempt_has_no_previous(kube: FakeKube) -> None:
     cloud = LogProvider("cloud-b", Capabilities())
     history = AttemptHistory()
-    history.observe(a_pod("i-1", "cloud-b"))
+    history.observe(a_view("i-1", "cloud-b"))
     await kube.create_pod(a_pod("i-1", "cloud-b"))
     with pytest.raises(LogsUnavailable, match="previous terminated container"):
         await source(kube, cloud, history=history).open_logs(
@@ -200,12 +205,14 @@ async def test_a_first_attempt_has_no_previous(kube: FakeKube) -> None:
 def test_the_history_keeps_a_few_attempts_per_pod() -> None:
     history = AttemptHistory()
     for attempt in range(10):
-        history.observe(a_pod(f"i-{attempt}", "cloud-b"))
-        history.observe(a_pod(f"i-{attempt}", "cloud-b"))  # the same twice: once
+        history.observe(a_view(f"i-{attempt}", "cloud-b"))
+        history.observe(a_view(f"i-{attempt}", "cloud-b"))  # the same twice: once
     assert history.before("u-1", ("cloud-b", "i-9")) == ("cloud-b", "i-8")
     assert history.before("u-1", ("cloud-b", "i-6")) is None  # forgotten: only four kept
     history.observe(None)
-    history.observe({"metadata": {"uid": "u-2"}})  # not placed yet: nothing to remember
+    history.observe(
+        PodView.parse({"metadata": {"uid": "u-2"}})
+    )  # not placed yet: nothing to remember
     assert history.before("u-2", ("cloud-b", "x")) is None
     history.forget("u-1")
     assert history.before("u-1", ("cloud-b", "i-9")) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from vk_provider.controllers.podwatch import PodStore, PodWatch
@@ -41,3 +42,26 @@ def test_the_echo_of_our_own_write_queues_nothing() -> None:
     watch._event("MODIFIED", pod("8", "Running"))  # someone else's change
     watch._event("DELETED", pod("8", "Running"))
     assert changed == [("ns", "p")] * 3
+
+
+def test_the_store_keeps_a_compact_copy_and_hands_out_copies() -> None:
+    store = PodStore()
+    first = pod("5", "Running")
+    first["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    store.update(first)
+    kept = store.get(("ns", "p"))
+    assert kept is not None
+    assert "managedFields" not in kept["metadata"]
+    assert "managedFields" in first["metadata"]  # the caller's object is left alone
+    expected = copy.deepcopy(first)
+    del expected["metadata"]["managedFields"]
+    assert kept == expected  # everything else is kept
+    view = store.view(("ns", "p"))
+    assert view is not None and view.raw == expected and len(view.encoded) < 400
+    # Neither the caller's dict nor a copy handed out changes what is stored.
+    first["status"]["phase"] = "Failed"
+    kept["status"]["phase"] = "Unknown"
+    assert store.get(("ns", "p")) == expected
+    assert [p["status"]["phase"] for p in store.values()] == ["Running"]
+    assert store.remove(("ns", "p")) == expected and store.get(("ns", "p")) is None
+    assert store.key_of("u1") is None

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from typing import Any
 
 from vk_provider.api.kubelet import LogsNotFound, LogsUnavailable
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import NotFound
 from vk_provider.domain.models import Instance, LogOptions
-from vk_provider.domain.podview import ANN_INSTANCE, ANN_PROVIDER
+from vk_provider.domain.podview import ANN_INSTANCE, ANN_PROVIDER, PodView
 from vk_provider.kube.client import KubeClient
 
 Placement = tuple[str, str]  # (provider, instance id)
@@ -44,16 +43,11 @@ class AttemptHistory:
     def __init__(self) -> None:
         self._seen: dict[str, list[Placement]] = {}
 
-    def observe(self, pod: Mapping[str, Any] | None) -> None:
-        if pod is None:
+    def observe(self, pod: PodView | None) -> None:
+        if pod is None or not pod.uid or pod.placed is None:
             return
-        metadata = pod.get("metadata") or {}
-        uid = str(metadata.get("uid") or "")
-        annotations = metadata.get("annotations") or {}
-        provider, instance = annotations.get(ANN_PROVIDER), annotations.get(ANN_INSTANCE)
-        if not uid or not provider or not instance:
-            return
-        placement = (str(provider), str(instance))
+        uid = pod.uid
+        placement = (pod.placed.provider, pod.placed.instance_id)
         if uid not in self._seen and len(self._seen) >= _KEPT_PODS:
             del self._seen[next(iter(self._seen))]
         seen = self._seen.setdefault(uid, [])

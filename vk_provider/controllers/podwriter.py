@@ -106,7 +106,16 @@ class PodWriter:
             )
 
     async def event(self, pod: PodView, event: explain.Event) -> None:
-        await self._events.record(pod.raw, event.kind, event.reason, event.message)
+        reference = {
+            "kind": "Pod",
+            "metadata": {
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": pod.uid,
+                "resourceVersion": pod.resource_version,
+            },
+        }
+        await self._events.record(reference, event.kind, event.reason, event.message)
 
     def forget_events(self, uid: str) -> None:
         """The pod is gone: forget what was recorded about it (Events, its start)."""

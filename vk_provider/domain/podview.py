@@ -3,8 +3,10 @@
 ``PodView.parse(pod)`` reads everything the agent's decisions need — identity, phase,
 deletion, restart policy, where the pod runs (the annotations the agent owns), its container
 and what the status last said about it, the resources it holds — so that no other module
-re-reads the raw dict for those. The raw object stays available (``raw``) for the two places
-that need the whole pod: translation into a workload and writing status back.
+re-reads the raw dict for those. The raw object stays available (``raw``) for the places that
+need the whole pod (translation into a workload, writing status back): it is kept as compact
+JSON (``encoded``, about a third of the memory of the decoded dicts, which matters with
+10,000 pods) and decoded on each access, so every caller gets a copy of its own.
 
 Also here: the annotation names of PRODUCT.md §6, the container state value types
 (``Waiting``, ``Running``, ``Terminated``), and ``PodPlacement``, the read-only summary of a
@@ -18,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -215,7 +218,7 @@ class PodView:
     container_image: str
     status: ContainerStatus  # of the first app container
     controlled: bool  # a controller (ReplicaSet, Job, ...) owns it and would replace it
-    raw: JSON = field(repr=False, compare=False)
+    encoded: bytes = field(repr=False, compare=False)  # the pod object as compact JSON
     # Every app container and init container of the spec, in order, and what the status
     # last said about each (by name; init containers' from initContainerStatuses).
     containers: tuple[SpecContainer, ...] = ()
@@ -257,7 +260,7 @@ class PodView:
             container_image=_text(container.get("image")),
             status=parsed[0] if parsed else ContainerStatus(),
             controlled=any(_mapping(o).get("controller") is True for o in owners),
-            raw=dict(pod),
+            encoded=encode(pod),
             containers=tuple(SpecContainer.parse(_mapping(c)) for c in containers),
             init_containers=tuple(
                 SpecContainer.parse(_mapping(c), init=True)
@@ -266,6 +269,12 @@ class PodView:
             statuses={s.name: s for s in parsed},
             init_statuses={s.name: s for s in inits},
         )
+
+    @property
+    def raw(self) -> JSON:
+        """The whole pod object, decoded afresh: the caller's own copy."""
+        decoded: JSON = json.loads(self.encoded)
+        return decoded
 
     @property
     def namespace(self) -> str:
@@ -300,6 +309,11 @@ class PodView:
                 if moment is not None:
                     return moment
         return parse_time(_mapping(self.raw.get("metadata")).get("creationTimestamp"))
+
+
+def encode(pod: Mapping[str, Any]) -> bytes:
+    """``pod`` as compact JSON (what ``PodView.encoded`` keeps)."""
+    return json.dumps(pod, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def _placed(annotations: Mapping[str, str]) -> Placed | None:

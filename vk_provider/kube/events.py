@@ -8,8 +8,10 @@ a new object. So an Event costs one write when it is news and none when it is sp
 
 While ``run()`` runs (the agent supervises it), ``record`` only queues the Event (at most
 ``QUEUED_EVENTS``, as client-go's broadcaster does; more are dropped with a warning) and a few
-senders write them: a pod's sync never waits for its Events. Without ``run()`` (tools,
-tests of the recorder itself) ``record`` writes at once.
+senders write them: a pod's sync never waits for its Events. A queued Event holds only the
+object's reference (``involved``), never the object: 10,000 queued Events would otherwise
+keep 10,000 pods alive. Without ``run()`` (tools, tests of the recorder itself) ``record``
+writes at once.
 
 Invariants: recording never raises (an Event is best effort and must not fail a sync);
 messages are written by our own code and never carry secret values.
@@ -46,6 +48,20 @@ STARTED = "Started"
 BACK_OFF = "BackOff"
 KILLING = "Killing"
 FAILED_CONFIG = "CreateContainerConfigError"
+
+
+def involved(obj: dict[str, Any]) -> dict[str, Any]:
+    """The part of ``obj`` (a pod or a Node) an Event refers to: kind, name, namespace, UID
+    and resource version."""
+    metadata = obj.get("metadata") or {}
+    return {
+        "kind": obj.get("kind") or "Pod",
+        "metadata": {
+            key: metadata[key]
+            for key in ("name", "namespace", "uid", "resourceVersion")
+            if key in metadata
+        },
+    }
 
 
 class EventRecorder:
@@ -92,11 +108,12 @@ class EventRecorder:
     async def record(self, pod: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """Record a ``Normal`` or ``Warning`` event about ``pod`` (or a Node: its Events go to
         the ``default`` namespace, as a kubelet's do)."""
+        reference = involved(pod)  # all an Event names: a queued event holds no whole object
         if self._outbox is None:
-            await self._write(pod, kind, reason, message)
+            await self._write(reference, kind, reason, message)
             return
         try:
-            self._outbox.put_nowait((pod, kind, reason, message))
+            self._outbox.put_nowait((reference, kind, reason, message))
         except asyncio.QueueFull:
             self._dropped += 1
             if self._dropped in (1, 10, 100) or self._dropped % 1000 == 0:

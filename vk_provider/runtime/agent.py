@@ -235,7 +235,7 @@ class Agent:
 
         def pod_changed(key: PodKey) -> None:
             # The kubelet API remembers which instances a pod named (kubectl logs --previous).
-            history.observe(store.get(key))
+            history.observe(store.view(key))
             pods.pod_changed(key)
 
         watch = PodWatch(
