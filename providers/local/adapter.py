@@ -4,13 +4,15 @@ For development, the demo and end-to-end tests. There are no images: each contai
 ``command`` + ``args`` run as a local program under the pod runner (``providers.local.runner``),
 which runs init containers in order, sidecars beside the app, and restarts containers per
 the pod's restart policy with kubelet's back-off, as a kubelet does (so this provider runs
-whole pods: ``Capabilities.multi_container``). Offers are simulated from the configuration
-(prices, capacity, launch latency, faults: ``providers.local.faults``). Every instance is a
-directory of files (``records.py``, ``layout.py``), so a fresh ``LocalProvider`` (an agent
-restart) finds every instance again, and the processes, like cloud machines, keep running
-while no agent watches them. Logs are CRI log lines per container (``logs.py``), the previous
-run's kept for ``kubectl logs --previous``. ``kubectl exec``, ``port-forward`` and usage for
-``kubectl top`` are ``exec.py``, ``portforward.py`` and ``usage.py``.
+whole pods: ``Capabilities.multi_container``); each runner is forked from the provider's
+spawner (``spawner.py``: one interpreter start per provider, not per pod). Offers are
+simulated from the configuration (prices, capacity, launch latency, faults:
+``providers.local.faults``). Every instance is a directory of files (``records.py``,
+``layout.py``), so a fresh ``LocalProvider`` (an agent restart) finds every instance again,
+and the processes, like cloud machines, keep running while no agent watches them. Logs are
+CRI log lines per container (``logs.py``), the previous run's kept for ``kubectl logs
+--previous``. ``kubectl exec``, ``port-forward`` and usage for ``kubectl top`` are
+``exec.py``, ``portforward.py`` and ``usage.py``.
 
 Invariants:
 - One instance per ``spec.request_id``: the directory name is derived from it, so a second
@@ -29,6 +31,10 @@ Invariants:
   runs removes its directory; ``get`` then raises ``NotFound``. The logs of a released
   instance stay until it is deleted once more (the agent does that when the pod goes), so
   `kubectl logs` works for completed pods.
+- A create claims its room in the index before it writes anything, then writes the files and
+  forks the runner in a worker thread (file-system operations are slow on some disks; the
+  event loop goes on meanwhile). Until it answers, the scan skips its directory and keeps its
+  claim, and a second create of the same request, a ``get`` or a ``delete`` waits for it.
 """
 
 from __future__ import annotations
@@ -153,6 +159,10 @@ class LocalProvider:
         self._index: dict[str, set[str]] | None = None
         # Forks each instance's runner from one waiting process (``spawner.py``).
         self._spawner = Spawner(self._state_dir)
+        # Creates under way (their files are written off the event loop): the answer each
+        # will give, and the sku each has claimed in the index.
+        self._creating: dict[str, asyncio.Future[Instance]] = {}
+        self._claims: dict[str, str] = {}
 
     @property
     def name(self) -> str:
@@ -187,16 +197,53 @@ class LocalProvider:
 
     async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
         await self._delay()
-        # No await from here on: the capacity check and the claim of the directory happen
-        # without another call of this provider in between.
-        with _io_errors_as_transient(self.name):
-            created = self._create(spec, offer)
+        instance_id = f"local-{spec.pod_uid}-{spec.attempt}"
+        pending = self._creating.get(instance_id)
+        if pending is not None:  # the same request is being created: its answer is ours
+            return await asyncio.shield(pending)
+        done: asyncio.Future[Instance] = asyncio.get_running_loop().create_future()
+        self._creating[instance_id] = done
+        try:
+            # No await until the claim is made: the capacity check and the claim (the
+            # instance counted in the index) happen without another create in between.
+            with _io_errors_as_transient(self.name):
+                claimed = self._claim(spec, offer, instance_id)
+            if isinstance(claimed, Instance):
+                created = claimed
+            else:
+                # The files and the fork (a dozen file-system operations, slow on some
+                # disks) off the event loop; the index already counts the instance.
+                try:
+                    with _io_errors_as_transient(self.name):
+                        created = await asyncio.to_thread(self._launch, spec, claimed, instance_id)
+                except Exception:
+                    self._unindex(instance_id)  # cancelled: the thread may still finish it
+                    raise
+            done.set_result(created)
+        except asyncio.CancelledError:
+            done.cancel()
+            raise
+        except Exception as exc:
+            done.set_exception(exc)
+            done.exception()  # retrieved: only a concurrent create of the same id awaits it
+            raise
+        finally:
+            del self._creating[instance_id]
+            self._claims.pop(instance_id, None)
         if self._lost_response():
             raise Transient("injected timeout after the create went through", provider=self.name)
         return created
 
+    async def _settled(self, instance_id: str) -> None:
+        """Wait for a create of ``instance_id`` that is under way (its files are not whole)."""
+        pending = self._creating.get(instance_id)
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(pending)
+
     async def get(self, instance_id: str) -> Instance:
         await self._delay()
+        await self._settled(instance_id)
         with _io_errors_as_transient(self.name):
             instance = observe(self._directory(instance_id), provider=self.name)
         if instance is None or instance.state not in _ACTIVE:
@@ -209,6 +256,7 @@ class LocalProvider:
         await self._delay()
         if not INSTANCE_ID.fullmatch(instance_id):
             return  # not a name we ever give, so it does not exist: done
+        await self._settled(instance_id)
         with _io_errors_as_transient(self.name):
             self._delete(self._state_dir / instance_id, grace_seconds)
 
@@ -323,8 +371,11 @@ class LocalProvider:
             call_failure_rate=float(overrides.get("call_failure_rate", 0.0)),
         )
 
-    def _create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
-        instance_id = f"local-{spec.pod_uid}-{spec.attempt}"
+    def _claim(
+        self, spec: WorkloadSpec, offer: Offer, instance_id: str
+    ) -> Instance | SimulatedOffer:
+        """The existing instance of this request, or the offer it may launch on: then the
+        index counts it already (the caller launches it, or unindexes it on failure)."""
         if not INSTANCE_ID.fullmatch(instance_id):
             raise InvalidSpec(
                 f"pod uid {spec.pod_uid!r} cannot name a local instance",
@@ -348,7 +399,10 @@ class LocalProvider:
                 f"offer {offer.key} is at capacity ({configured.capacity} running)",
                 provider=self.name,
             )
-        return self._launch(spec, configured, directory)
+        self._claims[instance_id] = configured.sku
+        if self._index is not None:
+            self._index.setdefault(configured.sku, set()).add(instance_id)
+        return configured
 
     def _retained(self, instance_id: str) -> Path:
         return self._state_dir / RETAINED_LOGS_DIR / instance_id
@@ -419,10 +473,22 @@ class LocalProvider:
             raise NotFound(f"no local instance {instance_id!r}", provider=self.name)
         return self._state_dir / instance_id
 
-    def _launch(self, spec: WorkloadSpec, offer: SimulatedOffer, directory: Path) -> Instance:
+    def _launch(self, spec: WorkloadSpec, offer: SimulatedOffer, instance_id: str) -> Instance:
+        """Write the instance and fork its runner (in a worker thread: only files, the
+        spawner and the log are touched here, never the index)."""
+        directory = self._state_dir / instance_id
         # A directory without instance.json is what an interrupted create left; start over.
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
+        inits, apps = local_containers(spec, provider=self.name)
+        write_pod(
+            directory,
+            pod_name=spec.pod_name,
+            restart_policy=spec.restart_policy,
+            backoff_seconds=self._config.restart_backoff_seconds,
+            inits=inits,
+            apps=apps,
+        )
         record = Record(
             instance_id=directory.name,
             pod_uid=spec.pod_uid,
@@ -433,18 +499,9 @@ class LocalProvider:
             created_at=time.time(),
             process=None,
         )
-        # Recorded before the process starts: an agent dying in between leaves an instance
-        # that reports LOST instead of a directory nobody recognises.
+        # Recorded after the plan and before the process starts: an agent dying in between
+        # leaves an instance that reports LOST instead of a directory nobody recognises.
         write_json(directory / INSTANCE_FILE, record.to_json())
-        inits, apps = local_containers(spec, provider=self.name)
-        write_pod(
-            directory,
-            pod_name=spec.pod_name,
-            restart_policy=spec.restart_policy,
-            backoff_seconds=self._config.restart_backoff_seconds,
-            inits=inits,
-            apps=apps,
-        )
         try:
             process = self._spawner.start_runner(
                 directory,
@@ -457,8 +514,6 @@ class LocalProvider:
             raise Transient(f"cannot start the local runner: {exc}", provider=self.name) from exc
         record = dataclasses.replace(record, process=process)
         write_json(directory / INSTANCE_FILE, record.to_json())
-        if self._index is not None:
-            self._index.setdefault(record.sku, set()).add(record.instance_id)
         log.info("started %s for pod %s (pid %d)", directory.name, spec.pod_uid, process.pid)
         instance = observe(directory, provider=self.name)
         assert instance is not None  # we just wrote it
@@ -472,6 +527,8 @@ class LocalProvider:
         for directory in sorted(self._state_dir.iterdir()):
             if not INSTANCE_ID.fullmatch(directory.name) or not directory.is_dir():
                 continue
+            if directory.name in self._claims:
+                continue  # being written by a create under way: listed once it is whole
             record = read_record(directory)
             instance = observe(directory, provider=self.name)
             if record is None or instance is None:
@@ -482,6 +539,8 @@ class LocalProvider:
             found.append((record, instance))
             if instance.state in _ACTIVE:
                 index.setdefault(record.sku, set()).add(record.instance_id)
+        for instance_id, sku in self._claims.items():  # creates under way hold their room
+            index.setdefault(sku, set()).add(instance_id)
         self._index = index
         return found
 
@@ -499,6 +558,8 @@ class LocalProvider:
         if look_at is not None:
             ids = self._index.get(look_at, set())
             for instance_id in list(ids):
+                if instance_id in self._claims:
+                    continue  # a create under way: not whole yet, and it holds its room
                 instance = observe(self._state_dir / instance_id, provider=self.name)
                 if instance is None or instance.state not in _ACTIVE:
                     ids.discard(instance_id)

@@ -195,7 +195,6 @@ def inject_instance(
         raise ValueError("give like= or pod_uid=")
     directory = state_dir / record.instance_id
     directory.mkdir(parents=True)
-    write_json(directory / INSTANCE_FILE, record.to_json())
     sleeper = LocalContainer(
         name="main", argv=("sleep", "3600"), env={"PATH": os.environ.get("PATH", "")}
     )
@@ -207,6 +206,7 @@ def inject_instance(
         inits=[],
         apps=[sleeper],
     )
+    write_json(directory / INSTANCE_FILE, record.to_json())
     process = start_process(
         f"local-runner {directory.name}",
         runner_command(directory, startup_seconds=0),

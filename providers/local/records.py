@@ -12,6 +12,9 @@ only state, so a fresh ``LocalProvider`` (an agent restart) finds every instance
     terminate.json   a termination request and its SIGKILL deadline (written by ``delete``)
     lost             a fault-injected loss (see ``faults.inject_loss``); its text is the message
 
+Beside the instances, the state directory holds ``spawner.log`` (the runner spawner's own
+output, ``spawner.py``) and the fault overrides (``faults.py``).
+
 Invariants: files are written atomically (a reader sees the old content or the new, never
 half); a file that is missing or unreadable reads as None, never as an exception.
 """
@@ -117,8 +120,16 @@ def write_atomically(path: Path, content: bytes, *, mode: int = 0o644) -> None:
     tmp.replace(path)
 
 
-def write_json(path: Path, data: object, *, mode: int = 0o644) -> None:
-    write_atomically(path, json.dumps(data, indent=2).encode(), mode=mode)
+def write_json(path: Path, data: object, *, mode: int = 0o644, atomic: bool = True) -> None:
+    """``data`` as JSON in ``path``: atomically (a temporary file renamed), unless the caller
+    knows nobody reads ``path`` yet (a new instance's plan, before its ``instance.json``)."""
+    content = json.dumps(data, indent=2).encode()
+    if atomic:
+        write_atomically(path, content, mode=mode)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as file:
+        file.write(content)
 
 
 def read_json(path: Path) -> dict[str, object] | None:

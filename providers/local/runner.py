@@ -1,6 +1,7 @@
 """The local provider's pod runner: runs every container of one pod as a kubelet would.
 
-Started by ``providers.local.adapter`` as a detached process (a session of its own)::
+Forked by the provider's spawner (``spawner.py``) as a detached process (a session of its
+own), or, when the spawner cannot, started directly as::
 
     python -m providers.local.runner --instance DIR [--start-delay SECONDS]
 

