@@ -6,14 +6,18 @@ In order, against one API server (a ``LocalCluster`` named ``vk-bench`` under a 
 directory, taken down at the end):
 
 1. the raw-client baseline (``bench.raw``): ``--pods`` pods bound to a node of its own;
-2. the agent with an in-memory instant provider (``memory``): the same pods; its RSS idle,
-   after them, and with ``--rss-pods`` pods Running; provider list calls per reconcile cycle;
-3. the agent with the ``local`` provider (a runner process per pod): the same pods;
+2. the agent with an in-memory instant provider (``memory``): the same pods; its RSS idle
+   and after them; provider list calls per reconcile cycle;
+3. the agent with the ``local`` provider (a runner forked per pod): the same pods;
 4. freed slot → reuse: a full offer, a pod waiting for it (long enough for its back-off to
    grow), one pod deleted; until the waiting pod runs;
 5. outage → replacement: a 50-replica Deployment on a local provider whose instances are
    all lost at once; until 50 replacements run on the other provider;
-6. placement (``bench.placement``, in process) and the local runner's start-up cost.
+6. the agent's RSS with ``--rss-pods`` pods Running (memory provider), last;
+7. placement (``bench.placement``, in process) and the local runner's start-up cost.
+
+Between the steps each run's namespace is deleted and waited for, so every throughput run
+starts on the same settled cluster.
 
 Ratios are against the baseline measured in the same run; absolute figures depend on the
 machine. Benchmarks, not tests: nothing here asserts a speed (the smoke test only checks
@@ -93,7 +97,7 @@ class Bench:
         agent.stop()
         agentproc.reap_runners(self.root / agent.node)
         await client.delete(f"/api/v1/nodes/{agent.node}")
-        await client.delete(f"/api/v1/namespaces/{ns}")
+        await runs.delete_namespace(client, ns)
 
     # --- 1. the raw baseline ------------------------------------------------------------
 
@@ -121,16 +125,14 @@ class Bench:
             raw.stop()
             await runs.delete_pods(client, "bench-raw", "bench-run")
             await client.delete(f"/api/v1/nodes/{node}")
-            await client.delete("/api/v1/namespaces/bench-raw")
+            await runs.delete_namespace(client, "bench-raw")
         self.row("raw baseline: bind→Running", runs.summary(result))
         return result
 
     # --- 2. the memory provider ---------------------------------------------------------
 
-    async def memory(
-        self, client: httpx.AsyncClient, base: runs.RunResult, rss_pods: int
-    ) -> runs.RunResult:
-        agent = self.agent("bench-mem", [memory_provider(max(rss_pods, self.pods) + 10)])
+    async def memory(self, client: httpx.AsyncClient, base: runs.RunResult) -> runs.RunResult:
+        agent = self.agent("bench-mem", [memory_provider(self.pods + 10)])
         try:
             await asyncio.sleep(5)  # a few reconcile cycles: what idle means
             idle = agentproc.rss_mib(agent.pid)
@@ -168,26 +170,32 @@ class Bench:
                 "  provider list calls per reconcile cycle (1 provider)",
                 f"{lists / cycles:.2f}" if cycles else "no cycle",
             )
-            if rss_pods > self.pods:
-                more = await runs.measure(
-                    client,
-                    node=agent.node,
-                    namespace="bench-mem",
-                    count=rss_pods - self.pods,
-                    run="mem-scale",
-                    command=SLEEP,
-                    pid=lambda: agent.pid,
-                    deadline_seconds=3600,
-                )
-                await asyncio.sleep(6)
-                self.row(
-                    f"  agent RSS with {rss_pods} pods Running",
-                    f"{agentproc.rss_mib(agent.pid):.0f} MiB",
-                )
-                self.row(f"  (pods {self.pods + 1}..{rss_pods}: bind→Running)", runs.summary(more))
         finally:
             await self.stop(client, agent, "bench-mem")
         return result
+
+    async def rss(self, client: httpx.AsyncClient, rss_pods: int) -> None:
+        """The agent's RSS with ``rss_pods`` pods Running (memory provider): last, so the
+        throughput runs before it all start on the same settled cluster."""
+        agent = self.agent("bench-rss", [memory_provider(rss_pods + 10)])
+        try:
+            result = await runs.measure(
+                client,
+                node=agent.node,
+                namespace="bench-rss",
+                count=rss_pods,
+                run="rss",
+                command=SLEEP,
+                pid=lambda: agent.pid,
+                deadline_seconds=3600,
+            )
+            await asyncio.sleep(6)  # the status polls and reconcile cycles of Running pods
+            self.row(
+                f"agent RSS with {rss_pods} pods Running", f"{agentproc.rss_mib(agent.pid):.0f} MiB"
+            )
+            self.row(f"  ({rss_pods} pods: bind→Running)", runs.summary(result))
+        finally:
+            await self.stop(client, agent, "bench-rss")
 
     def report_calls(self, result: runs.RunResult, base: runs.RunResult) -> None:
         calls = ", ".join(
@@ -387,11 +395,13 @@ async def measure_on(cluster: LocalCluster, args: argparse.Namespace, root: Path
     try:
         async with endpoint.client(connections=40) as client:
             base = await bench.raw(client)
-            await bench.memory(client, base, args.rss_pods)
+            await bench.memory(client, base)
             if not args.skip_local:
                 await bench.local(client, base)
             if not args.skip_recovery:
                 await bench.recovery(client, args.outage_pods)
+            if args.rss_pods > 0:
+                await bench.rss(client, args.rss_pods)
         from bench import placement
 
         ratio = placement.speedup(repeats=3)

@@ -85,6 +85,18 @@ async def delete_pods(client: httpx.AsyncClient, namespace: str, selector: str) 
     )
 
 
+async def delete_namespace(client: httpx.AsyncClient, name: str, within: float = 600) -> None:
+    """Delete namespace ``name`` and wait until it is gone, its pods and Events with it, so
+    the next run starts on a settled cluster (the namespace controller's clean-up of a
+    thousand pods and their Events would otherwise run beside it)."""
+    await client.delete(f"/api/v1/namespaces/{name}")
+    deadline = time.monotonic() + within
+    while (await client.get(f"/api/v1/namespaces/{name}")).status_code != 404:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"namespace {name} still there after {within:.0f}s")
+        await asyncio.sleep(0.5)
+
+
 async def wait_pods_gone(client: httpx.AsyncClient, namespace: str, selector: str) -> None:
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

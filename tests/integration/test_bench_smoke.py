@@ -28,6 +28,7 @@ ROWS = (
     "outage of 2 pods → all replaced",
     "place() vs single-pass baseline",
     "local runner start",
+    "agent RSS with 4 pods Running",
 )
 
 
@@ -35,7 +36,7 @@ async def test_the_bench_prints_its_table_at_tiny_sizes(
     control_plane: LocalCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = bench_main.parser().parse_args(
-        ["--pods", "3", "--rss-pods", "0", "--outage-pods", "2", "--slot-wait", "1"]
+        ["--pods", "3", "--rss-pods", "4", "--outage-pods", "2", "--slot-wait", "1"]
     )
     lines = await bench_main.measure_on(control_plane, args, tmp_path)
     printed = capsys.readouterr().out
