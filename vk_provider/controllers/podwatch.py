@@ -9,7 +9,7 @@ ends on its timeout resumes from the last version seen.
 watch delivered or one of our own writes returned, whichever is newer. It also keeps each
 object parsed (``view``): a pod is parsed once per change, not once per sync, reconcile
 cycle and node-status refresh (with 10,000 pods, that parsing was most of a cycle). The
-object itself is kept compact (see ``PodStore``): 10,000 pods fit in about 30 MB.
+object itself is kept compact (see ``PodStore``): 10,000 pods take about 45 MB.
 
 Invariants:
 - The store never goes back in time: an object replaces the stored one only if its
@@ -94,13 +94,13 @@ class PodStore:
         """Keep ``pod`` unless the stored object is newer; True when it was kept."""
         key = pod_key(pod)
         current = self._views.get(key)
-        view = PodView.parse(_lean(pod))
         if current is not None:
-            old, new = _version(current.resource_version), _version(view.resource_version)
+            new = _version(str((pod.get("metadata") or {}).get("resourceVersion") or ""))
+            old = _version(current.resource_version)
             if old is not None and new is not None and new < old:
                 return False
             self._by_uid.pop(current.uid, None)
-        self._views[key] = view
+        view = self._views[key] = PodView.parse(_lean(pod))
         if view.uid:
             self._by_uid[view.uid] = key
         return True
