@@ -161,7 +161,7 @@ class LocalProvider:
         self._spawner = Spawner(self._state_dir)
         # Creates under way (their files are written off the event loop): the answer each
         # will give, and the sku each has claimed in the index.
-        self._creating: dict[str, asyncio.Future[Instance]] = {}
+        self._creating: dict[str, asyncio.Future[Instance]] = {}  # the create tasks
         self._claims: dict[str, str] = {}
 
     @property
@@ -199,40 +199,41 @@ class LocalProvider:
         await self._delay()
         instance_id = f"local-{spec.pod_uid}-{spec.attempt}"
         pending = self._creating.get(instance_id)
-        if pending is not None:  # the same request is being created: its answer is ours
-            return await asyncio.shield(pending)
-        done: asyncio.Future[Instance] = asyncio.get_running_loop().create_future()
-        self._creating[instance_id] = done
+        if pending is None:  # else the same request is being created: its answer is ours
+            pending = asyncio.ensure_future(self._create(spec, offer, instance_id))
+            self._creating[instance_id] = pending
+            pending.add_done_callback(lambda done: self._created(instance_id, done))
+        # Shielded: a caller that gives up does not stop a create half-way (its files, its
+        # runner); the create finishes, and a retry of the same request finds its instance.
+        created = await asyncio.shield(pending)
+        if self._lost_response():
+            raise Transient("injected timeout after the create went through", provider=self.name)
+        return created
+
+    async def _create(self, spec: WorkloadSpec, offer: Offer, instance_id: str) -> Instance:
         try:
             # No await until the claim is made: the capacity check and the claim (the
             # instance counted in the index) happen without another create in between.
             with _io_errors_as_transient(self.name):
                 claimed = self._claim(spec, offer, instance_id)
             if isinstance(claimed, Instance):
-                created = claimed
-            else:
-                # The files and the fork (a dozen file-system operations, slow on some
-                # disks) off the event loop; the index already counts the instance.
-                try:
-                    with _io_errors_as_transient(self.name):
-                        created = await asyncio.to_thread(self._launch, spec, claimed, instance_id)
-                except Exception:
-                    self._unindex(instance_id)  # cancelled: the thread may still finish it
-                    raise
-            done.set_result(created)
-        except asyncio.CancelledError:
-            done.cancel()
-            raise
-        except Exception as exc:
-            done.set_exception(exc)
-            done.exception()  # retrieved: only a concurrent create of the same id awaits it
-            raise
+                return claimed
+            # The files and the fork (a dozen file-system operations, slow on some disks)
+            # off the event loop; the index already counts the instance.
+            try:
+                with _io_errors_as_transient(self.name):
+                    return await asyncio.to_thread(self._launch, spec, claimed, instance_id)
+            except Exception:
+                self._unindex(instance_id)
+                raise
         finally:
-            del self._creating[instance_id]
             self._claims.pop(instance_id, None)
-        if self._lost_response():
-            raise Transient("injected timeout after the create went through", provider=self.name)
-        return created
+
+    def _created(self, instance_id: str, done: asyncio.Future[Instance]) -> None:
+        """A create ended: forget it (and retrieve its error: its caller may have left)."""
+        self._creating.pop(instance_id, None)
+        if not done.cancelled():
+            done.exception()
 
     async def _settled(self, instance_id: str) -> None:
         """Wait for a create of ``instance_id`` that is under way (its files are not whole)."""

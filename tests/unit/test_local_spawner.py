@@ -166,3 +166,26 @@ async def test_creates_under_way_hold_their_room_and_answer_a_repeat_once(
     assert len({runner_pid(state_dir, i.instance_id) for i in created}) == 2
     after = await local.list_ours()
     assert sorted(i.instance_id for i in after) == sorted(i.instance_id for i in created)
+
+
+async def test_a_caller_that_gives_up_does_not_stop_the_create_half_way(
+    local: LocalProvider,
+    state_dir: Path,  # noqa: F811
+) -> None:
+    cpu = await offer(local)
+    caller = asyncio.ensure_future(local.create(make_spec(SLEEP, uid="a"), cpu))
+
+    async def under_way() -> bool:
+        return bool(local._creating)
+
+    await wait_for(under_way, timeout=10, interval=0.001, what="the create under way")
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    # The retry finds the instance the abandoned create finished: running, one runner.
+    again = await local.create(make_spec(SLEEP, uid="a"), cpu)
+    running = await wait_state(local, again.instance_id, InstanceState.RUNNING)
+    assert running.instance_id == "local-a-0"
+    assert [d.name for d in state_dir.iterdir() if d.name.startswith("local-")] == ["local-a-0"]
+    assert pid_alive(runner_pid(state_dir, "local-a-0"))
+    assert local._creating == {} and local._claims == {}
