@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import yaml
 
+from providers.local.processes import kill_local_processes
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -158,23 +160,6 @@ def wait_until(predicate: Any, *, timeout: float, what: str, interval: float = 0
         time.sleep(interval)
 
 
-# A local runner's command line, or its spawner's (a forked runner carries the spawner's).
-_LOCAL_PROCESS = "providers.local."
-
-
 def reap_runners(root: Path) -> int:
     """SIGKILL every local runner (and its programs) started under ``root``; how many."""
-    killed = 0
-    marker = str(root)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if _LOCAL_PROCESS in cmdline and marker in cmdline:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(entry.name), signal.SIGKILL)
-                killed += 1
-    return killed
+    return len(kill_local_processes(root))

@@ -130,3 +130,28 @@ def reap(process: ProcessRecord) -> None:
     if start_ticks(process.pid) == process.start_ticks:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(process.pid, os.WNOHANG)
+
+
+# What the command line of a local runner, or of its spawner, names (a forked runner carries
+# its spawner's command line).
+_LOCAL_PROCESS = "providers.local."
+
+
+def kill_local_processes(root: Path) -> list[int]:
+    """SIGKILL (by process group) every local runner and spawner whose command line names a
+    path under ``root``: the clean-up of tests and benchmarks that started agents there.
+    Returns the group leaders' pids."""
+    killed = []
+    marker = str(root)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if _LOCAL_PROCESS in cmdline and marker in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(entry.name), signal.SIGKILL)  # each leads its own group
+                killed.append(int(entry.name))
+    return killed

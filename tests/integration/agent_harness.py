@@ -27,6 +27,7 @@ import yaml
 from providers.local.adapter import LocalProvider
 from providers.local.config import LocalProviderConfig
 from providers.local.faults import clear_faults
+from providers.local.processes import kill_local_processes
 from vk_provider.cluster.cluster import LocalCluster
 
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Exists"}
@@ -268,26 +269,9 @@ class AgentHarness:
         reap_runners(self._tmp)
 
 
-# A local runner's command line, or its spawner's (a forked runner carries the spawner's).
-_LOCAL_PROCESS = "providers.local."
-
-
 def reap_runners(root: Path) -> list[int]:
     """SIGKILL every local runner (and its program) started under ``root``; their pids."""
-    killed = []
-    marker = str(root)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if _LOCAL_PROCESS in cmdline and marker in cmdline:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(entry.name), signal.SIGKILL)  # a runner leads its own group
-                killed.append(int(entry.name))
-    return killed
+    return kill_local_processes(root)
 
 
 def _kubectl() -> str:
