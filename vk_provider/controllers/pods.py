@@ -63,7 +63,7 @@ from vk_provider.domain.podview import (
     PodPlacement,
     PodView,
 )
-from vk_provider.domain.workload import Held, held_resources
+from vk_provider.domain.workload import Held
 from vk_provider.kube.client import ApiError, ConflictError, KubeClient
 from vk_provider.kube.events import EventRecorder
 from vk_provider.settings.agent import IntervalsConfig
@@ -242,7 +242,7 @@ class PodController:
 
     def gpu_requests(self) -> list[float]:
         """GPUs each live pod on the node requests (the flip's "enough free to go home")."""
-        return [held_resources(pod.raw).gpus for pod in self._store.views() if not pod.terminal]
+        return [self._store.held(pod.key).gpus for pod in self._store.views() if not pod.terminal]
 
     def held_resources(self) -> tuple[float, float, float]:
         """GPUs, vCPUs and GiB requested by the node's live, placed pods (node capacity)."""
@@ -250,7 +250,7 @@ class PodController:
         for pod in self._store.views():
             if pod.terminal or pod.placed is None:
                 continue
-            held = held_resources(pod.raw)
+            held = self._store.held(pod.key)
             total = Held(
                 total.gpus + held.gpus, total.cpu + held.cpu, total.memory_gib + held.memory_gib
             )

@@ -30,6 +30,7 @@ import logging
 from collections.abc import Callable, Iterator
 
 from vk_provider.domain.podview import JSON, PodKey, PodView, pod_key
+from vk_provider.domain.workload import Held, held_resources
 from vk_provider.kube.client import ApiError, GoneError, KubeClient
 
 log = logging.getLogger(__name__)
@@ -53,11 +54,14 @@ class PodStore:
 
     A pod is kept as its ``PodView`` alone, the object inside it as compact JSON without
     ``managedFields`` (``PodView.encoded``): about 3 KB a pod where the decoded dicts took
-    about 29 KB. ``get`` and ``values`` decode, so every caller gets a copy of its own.
+    about 29 KB. ``get`` and ``values`` decode, so every caller gets a copy of its own. What
+    each pod requests (``held``) is worked out once per stored object, as its view is, so the
+    node's capacity and the flip's GPU count decode nothing.
     """
 
     def __init__(self) -> None:
         self._views: dict[PodKey, PodView] = {}
+        self._held: dict[PodKey, Held] = {}
         self._by_uid: dict[str, PodKey] = {}
 
     def __len__(self) -> int:
@@ -82,6 +86,10 @@ class PodStore:
         """Every stored pod object, decoded (a copy: callers may change the store)."""
         return iter([view.raw for view in list(self._views.values())])
 
+    def held(self, key: PodKey) -> Held:
+        """What the stored pod requests (nothing when it is not stored)."""
+        return self._held.get(key, Held())
+
     def view(self, key: PodKey) -> PodView | None:
         """The stored pod, parsed (once per stored object)."""
         return self._views.get(key)
@@ -100,13 +108,16 @@ class PodStore:
             if old is not None and new is not None and new < old:
                 return False
             self._by_uid.pop(current.uid, None)
-        view = self._views[key] = PodView.parse(_lean(pod))
+        lean = _lean(pod)
+        view = self._views[key] = PodView.parse(lean)
+        self._held[key] = held_resources(lean)
         if view.uid:
             self._by_uid[view.uid] = key
         return True
 
     def remove(self, key: PodKey) -> JSON | None:
         view = self._views.pop(key, None)
+        self._held.pop(key, None)
         if view is None:
             return None
         self._by_uid.pop(view.uid, None)
