@@ -169,6 +169,7 @@ class Core:
             node_name=NODE,
             store=self.store,
             on_change=self.pods.pod_changed,
+            on_listed=self.pods.api_answers,
             timeout_seconds=60,
         )
         self.reconciler = Reconciler(

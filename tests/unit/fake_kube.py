@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from vk_provider.kube.client import ConflictError, GoneError, NotFoundError
+from vk_provider.kube.client import ApiError, ConflictError, GoneError, NotFoundError
 
 JSON = dict[str, Any]
 
@@ -51,11 +51,24 @@ class FakeKube:
         self._watchers: set[asyncio.Event] = set()  # one per open watch, set on every write
         self.calls: dict[str, int] = {}
         self.oldest_version = 0  # versions below this answer 410 Gone
+        self.unreachable = False  # every call fails as against a stopped API server
+        self.busy: dict[str, int] = {}  # call name -> 429 answers still to give
 
     # ------------------------------------------------------------------ test-side helpers
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
+        if self.unreachable:
+            raise ApiError(0, "ClientConnectorError: Connect call failed")
+        if self.busy.get(name):
+            self.busy[name] -= 1
+            raise ApiError(429, "Too many requests, please try again later.")
+
+    def set_unreachable(self, down: bool) -> None:
+        """Stop (or start again) answering; open watches break as the server goes."""
+        self.unreachable = down
+        for changed in self._watchers:
+            changed.set()
 
     async def _record(self, kind: str, pod: JSON) -> None:
         version = next(self._version)
@@ -127,6 +140,8 @@ class FakeKube:
         try:
             while True:
                 changed.clear()
+                if self.unreachable:
+                    raise ApiError(0, "watch broken: Response payload is not completed")
                 for version, kind, pod in list(self._log):
                     if version > since and (pod.get("spec") or {}).get("nodeName") == node_name:
                         since = version
@@ -136,7 +151,10 @@ class FakeKube:
                 if remaining <= 0:
                     return
                 try:
-                    await asyncio.wait_for(changed.wait(), remaining)
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                    # cancellation that coincides with the event, leaving the watch running.
+                    async with asyncio.timeout(remaining):
+                        await changed.wait()
                 except TimeoutError:
                     return
         finally:

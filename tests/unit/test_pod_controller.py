@@ -343,3 +343,39 @@ async def test_an_instant_pod_costs_one_pod_write_two_events_and_no_reads() -> N
     assert spent.get("get_pod", 0) == 0  # re-reads come from the watch's store
     assert spent.get("create_event") == 2  # ProviderSelected, Started
     assert core.annotation("quick", ANN_PROVIDER) == "instant"
+
+
+async def test_deletions_due_in_an_api_outage_finish_soon_after_it_though_the_api_is_busy() -> None:
+    """Deletions that fell due while the API server was down go within seconds of its return,
+    even when its first answer to each is a 429: the back-off the outage ran up (to its 10 s
+    cap) starts afresh once the pod watch lists again. The instances take ten minutes to stop,
+    so they stay listed and nothing but the pods' own retries brings their deletion back."""
+    provider = memory_provider("mem", gpu_offer(capacity=8))
+    provider.terminate_seconds = 600.0
+    core = Core(provider, intervals={"retry_backoff_seconds": 1})
+    names = [f"p{i}" for i in range(6)]
+    loop = asyncio.get_running_loop()
+    async with core.running():
+        for name in names:
+            await core.kube.create_pod(pod_manifest(name))
+        await core.until(lambda: all(core.phase(n) == "Running" for n in names), what="Running")
+        for name in names:
+            await core.kube.request_deletion("ns", name, grace=2)
+
+        def seen() -> bool:
+            views = [core.store.view(("ns", n)) for n in names]
+            return all(v is not None and v.deletion_deadline is not None for v in views)
+
+        await core.until(seen, step=0.01, what="the agent to see the deletions")
+        core.kube.set_unreachable(True)
+        await asyncio.sleep(120)  # two minutes down: every pod's back-off reaches its cap
+        assert all(core.kube.pod("ns", n) is not None for n in names)
+        core.kube.busy["delete_pod"] = len(names)  # its first answer to each: 429
+        back = loop.time()
+        core.kube.set_unreachable(False)
+        await core.until(
+            lambda: all(core.kube.pod("ns", n) is None for n in names), step=0.1, what="gone"
+        )
+    # The watch re-lists within 1 s; each delete is refused once, then retried after a fresh
+    # back-off of 1 s (retry_backoff_seconds), not after the 10 s the outage ran up.
+    assert loop.time() - back <= 3.0

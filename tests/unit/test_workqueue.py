@@ -29,6 +29,24 @@ async def test_duplicates_collapse_and_a_key_is_never_handed_out_twice_at_once()
     assert await queue.get() == first  # handed out again after done()
 
 
+async def test_urgent_keys_are_handed_out_first_in_their_order_and_others_in_theirs() -> None:
+    deleting: set[str] = {"u1", "u2"}
+    queue: WorkQueue[str] = WorkQueue(urgent=lambda key: key in deleting)
+    for key in ["r1", "u1", "r2", "u2", "r3"]:
+        queue.add(key)
+    deleting.add("r3")  # its pod is being deleted now, while it waits
+    queue.add("r3")  # the watch reports that change: it moves ahead, once
+    assert len(queue) == 5
+    handed = [await queue.get() for _ in range(5)]
+    assert handed == ["u1", "u2", "r3", "r1", "r2"]
+    assert len(queue) == 0
+    for key in handed:
+        queue.done(key)
+    queue.add("r1")  # the stale routine entry of r3 hands out nothing
+    assert await queue.get() == "r1"
+    assert len(queue) == 0
+
+
 async def test_add_after_waits_and_an_earlier_add_supersedes_it() -> None:
     loop = asyncio.get_running_loop()
     queue: WorkQueue[str] = WorkQueue()

@@ -12,7 +12,11 @@ Invariants:
   provider (instances carry the pod UID); what this controller keeps in memory is a cache.
 - Every create goes through the ``Launcher`` (first launch and relaunch alike): budget
   reservation, failover, offer blocks, ``Retry-After``.
-- Every back-off is the work queue's, per pod key (``add_rate_limited`` / ``forget``).
+- Every back-off is the work queue's, per pod key (``add_rate_limited`` / ``forget``). A pod
+  whose sync failed against the API server (unreachable, 429, 5xx) starts its back-off afresh
+  when the pod watch lists again (``api_answers``): failures counted during an outage say
+  nothing about the API once it is back, and must not leave a deletion waiting the cap.
+- Pods being deleted are synced before the others (the queue's urgent lane).
 - A pod with a ``deletionTimestamp`` is deleted from the API (grace 0, UID precondition) as
   soon as its instance is gone, and at the latest ``deletion_slack_seconds`` after its grace
   period; the instance gets the pod's remaining grace period.
@@ -75,6 +79,11 @@ log = logging.getLogger(__name__)
 SYNC_ERROR_CAP_SECONDS = 10.0
 
 
+def _unavailable(error: ApiError) -> bool:
+    """The API server did not answer, or was too busy to (not a refusal of this request)."""
+    return error.status == 0 or error.status == 429 or error.status >= 500
+
+
 def _wall_clock() -> datetime:
     return datetime.now(UTC)
 
@@ -107,12 +116,15 @@ class PodController:
         self._workers = workers
         self._now = now
         # One back-off per pod key: placement retries double from retry_backoff_seconds.
+        # Pods being deleted go first: their grace period runs, the rest can wait.
         self.queue: WorkQueue[PodKey] = WorkQueue(
             Backoff(base=intervals.retry_backoff_seconds, cap=MAX_CRASH_BACKOFF_SECONDS),
             observer=queue_observer,
+            urgent=self._deleting,
         )
         self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
         self._memory: dict[PodKey, PodMemory] = {}
+        self._api_failed: set[PodKey] = set()  # last sync failed against the API server
         self._available: dict[str, int] = {}  # offer key -> available, at the last refresh
         offers.on_refresh(self._offers_refreshed)
         self._write = PodWriter(
@@ -152,12 +164,24 @@ class PodController:
 
     # ------------------------------------------------------------------ feeding the queue
 
+    def _deleting(self, key: PodKey) -> bool:
+        pod = self._store.view(key)
+        return pod is not None and pod.deletion_deadline is not None
+
     def pod_changed(self, key: PodKey) -> None:
         """The watch saw ``key`` change (or go): account for it, then sync it."""
         pod = self._store.view(key)
         if pod is not None:
             self._account(pod)
         self.queue.add(key)
+
+    def api_answers(self) -> None:
+        """The pod watch listed (again): pods whose sync failed against the API server retry
+        now, their back-off started afresh."""
+        for key in self._api_failed:
+            self.queue.forget(key)
+            self.queue.add(key)
+        self._api_failed.clear()
 
     def _instance_changed(self, pod_uid: str) -> None:
         key = self._store.key_of(pod_uid)
@@ -272,9 +296,12 @@ class PodController:
                 return
             try:
                 await self.sync(key)
+                self._api_failed.discard(key)
             except ConflictError:
                 self.queue.add_after(key, 0.2)  # someone wrote the pod meanwhile: re-read
             except (ProviderError, ApiError) as exc:
+                if isinstance(exc, ApiError) and _unavailable(exc):
+                    self._api_failed.add(key)
                 delay = self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
                 log.warning("sync of pod %s/%s: %s; retrying in %.1fs", *key, exc, delay)
             except Exception:

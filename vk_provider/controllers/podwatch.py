@@ -18,6 +18,8 @@ Invariants:
 - After a re-list, keys that are gone from the list are removed and reported, so a pod
   deleted while the watch was down is noticed.
 - ``live`` is set while the store reflects a completed list (reconciliation waits for it).
+- ``on_listed`` is called after every completed list, once its keys are handed to
+  ``on_change``: the API server answers (again), which is news to work that failed against it.
 - A watch event that brings nothing new — the echo of our own write (the store holds that
   very ``resourceVersion`` already, from the write's answer) or an older object — changes
   nothing and queues nothing: a pod is not synced again just to find its own status.
@@ -132,6 +134,7 @@ class PodWatch:
         node_name: str,
         store: PodStore,
         on_change: Callable[[PodKey], None],
+        on_listed: Callable[[], None] = lambda: None,
         timeout_seconds: int = 60,
         retry_seconds: float = 1.0,
     ) -> None:
@@ -139,6 +142,7 @@ class PodWatch:
         self._node = node_name
         self._store = store
         self._on_change = on_change
+        self._on_listed = on_listed
         self._timeout = timeout_seconds
         self._retry = retry_seconds
         self.live = asyncio.Event()
@@ -175,6 +179,7 @@ class PodWatch:
                 pods, version = await self._kube.list_node_pods(self._node)
                 self._relisted(pods)
                 self.live.set()
+                self._on_listed()
                 while True:
                     async for kind, pod in self._kube.watch_node_pods(
                         self._node, version, timeout_seconds=self._timeout

@@ -15,13 +15,18 @@ Back-off is the queue's, per key, and the only back-off of the controllers:
 - ``forget(key)`` ends the hold and resets the key's failure count (a success, or room that
   appeared for pods waiting on capacity).
 
+Keys the ``urgent`` predicate picks (the pod controller's: pods being deleted, whose grace
+period runs) are handed out before all others, in the order they were queued; a key that
+becomes urgent while it waits moves ahead. Without it, a burst of routine work (a re-list
+after an API-server outage queues every pod) delays a deletion past its grace period.
+
 What happens in the queue is reported to a ``QueueObserver`` (the metrics implement it, as
 client-go's workqueue metrics: depth, adds, time waiting, time processing, retries); the
 queue itself knows nothing of Prometheus.
 
 Invariants: a key is in at most one of {queued, processing}; ``get`` never returns a key that
-is being processed; time is the event loop's (``loop.time()``), so tests run the queue on
-simulated time (looptime) with exact delays.
+is being processed; an urgent key waits behind urgent keys only; time is the event loop's
+(``loop.time()``), so tests run the queue on simulated time (looptime) with exact delays.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -101,13 +106,23 @@ class Backoff:
 
 class WorkQueue(Generic[K]):
     def __init__(
-        self, backoff: Backoff | None = None, *, observer: QueueObserver = UNOBSERVED
+        self,
+        backoff: Backoff | None = None,
+        *,
+        observer: QueueObserver = UNOBSERVED,
+        urgent: Callable[[K], bool] = lambda _: False,
     ) -> None:
         self._backoff = backoff or Backoff()
         self._observer = observer
+        self._urgent = urgent
         self._added_at: dict[K, float] = {}  # waiting or marked dirty: since when
         self._started_at: dict[K, float] = {}  # being processed: since when
+        # Two lanes, urgent first. A key moved ahead stays behind in the routine lane too;
+        # ``get`` skips such a stale entry (the key is no longer in ``_queued``, or is
+        # ``_ahead``).
         self._queue: deque[K] = deque()
+        self._first: deque[K] = deque()
+        self._ahead: set[K] = set()
         self._queued: set[K] = set()
         self._processing: set[K] = set()
         self._dirty: set[K] = set()
@@ -118,12 +133,12 @@ class WorkQueue(Generic[K]):
         self._closed = False
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._queued)
 
     @property
     def depth(self) -> int:
         """Keys waiting for a worker (not counting scheduled ones)."""
-        return len(self._queue)
+        return len(self._queued)
 
     @property
     def scheduled(self) -> int:
@@ -143,11 +158,31 @@ class WorkQueue(Generic[K]):
             self._mark_added(key)
             return
         if key in self._queued:
+            if key not in self._ahead and self._urgent(key):
+                self._ahead.add(key)
+                self._first.append(key)
             return
         self._mark_added(key)
         self._queued.add(key)
-        self._queue.append(key)
-        self._observer.depth(len(self._queue))
+        if self._urgent(key):
+            self._ahead.add(key)
+            self._first.append(key)
+        else:
+            self._queue.append(key)
+        self._observer.depth(len(self._queued))
+
+    def _next(self) -> K | None:
+        """The key to hand out now: the oldest urgent one, else the oldest routine one."""
+        while self._first:
+            key = self._first.popleft()
+            if key in self._ahead:
+                self._ahead.discard(key)
+                return key
+        while self._queue:
+            key = self._queue.popleft()
+            if key in self._queued and key not in self._ahead:
+                return key
+        return None
 
     def _wake_one(self) -> None:
         while self._waiters:
@@ -164,7 +199,7 @@ class WorkQueue(Generic[K]):
         if timer is not None:
             timer.cancel()
         self._enqueue(key)
-        if self._queue:
+        if self._queued:
             self._wake_one()
 
     def add_after(self, key: K, delay: float) -> None:
@@ -222,7 +257,7 @@ class WorkQueue(Generic[K]):
         self.add(key)
 
     async def get(self) -> K:
-        while not self._queue:
+        while not self._queued:
             if self._closed:
                 raise QueueClosed
             waiter = asyncio.get_running_loop().create_future()
@@ -231,17 +266,18 @@ class WorkQueue(Generic[K]):
                 await waiter
             except asyncio.CancelledError:
                 # If we were woken and cancelled at once, pass the wake-up on.
-                if waiter.done() and not waiter.cancelled() and self._queue:
+                if waiter.done() and not waiter.cancelled() and self._queued:
                     self._wake_one()
                 raise
-        key = self._queue.popleft()
+        key = self._next()
+        assert key is not None  # every queued key has an entry in a lane
         self._queued.discard(key)
         self._processing.add(key)
         now = _now()
-        self._observer.depth(len(self._queue))
+        self._observer.depth(len(self._queued))
         self._observer.waited(now - self._added_at.pop(key, now))
         self._started_at[key] = now
-        if self._queue:
+        if self._queued:
             self._wake_one()
         return key
 

@@ -243,6 +243,7 @@ class Agent:
             node_name=config.node.name,
             store=store,
             on_change=pod_changed,
+            on_listed=pods.api_answers,
             timeout_seconds=intervals.pod_watch_timeout_seconds,
         )
         reconciler = Reconciler(
