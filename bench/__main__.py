@@ -39,13 +39,13 @@ from typing import Any
 
 import httpx
 import yaml
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 from bench import agentproc, runs
 from bench.kube import Endpoint, check, node_manifest, watch_pods
 from providers.local.faults import inject_loss
 from providers.local.launch import PACKAGE_ROOT, runner_command
-from vk_provider.cluster.binaries import ensure_binaries
-from vk_provider.cluster.cluster import LocalCluster
 
 SLEEP = ["sleep", "100000"]
 CPU_OFFER = {"sku": "cpu", "gpu_count": 0, "vcpus": 4, "memory_gib": 8}

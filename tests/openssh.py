@@ -7,7 +7,8 @@ dependencies that are not installed (on Debian 12: ``libwrap0``), ``dpkg -x`` of
 temporary directory, ``ldd`` to check every shared library resolves (with the extracted ones on
 ``LD_LIBRARY_PATH``), then one rename into the cache. Nothing is installed and no daemon is
 started. A machine without package lists gets ``apt-get update`` first (as root). The Debian
-part is the product's ``vk_provider.cluster.flip.debian`` (Prometheus comes the same way). A root
+part is the dev tooling's ``vk_provider_dev.cluster.flip.debian`` (Prometheus comes the same
+way). A root
 process also needs what Debian's postinst would make for privilege separation: the system user
 ``sshd`` and ``/run/sshd`` (created when missing; sshd refuses to start as root without them).
 ``python -m tests.openssh`` does all this ahead of the tests (``scripts/test`` runs it).
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from vk_provider.cluster.flip import debian
+from vk_provider_dev.cluster.flip import debian
 
 PACKAGE: Final = "openssh-server"
 SSHD: Final = "usr/sbin/sshd"

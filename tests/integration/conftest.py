@@ -10,6 +10,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.flags import GANG_SCHEDULING
 
 from tests.integration.agent_harness import AgentHarness
 
@@ -17,9 +20,6 @@ from tests.integration.agent_harness import AgentHarness
 # imported into two test modules would be two fixtures, set up twice (one veth pair, one
 # network namespace name per session).
 from tests.integration.kubelet_node import kubectl, metrics, node_link
-from vk_provider.cluster.binaries import ensure_binaries
-from vk_provider.cluster.cluster import LocalCluster
-from vk_provider.cluster.flags import GANG_SCHEDULING
 from vk_provider.kube.client import KubeClient
 
 
@@ -27,7 +27,7 @@ from vk_provider.kube.client import KubeClient
 def gang_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A control plane of the module's own with native gang scheduling (``GANG_SCHEDULING``):
     for the overflow flip's tests, which add KWOK nodes, KSM and Prometheus beside it
-    (``vk_provider.cluster.flip.stack.start_flip_components``)."""
+    (``vk_provider_dev.cluster.flip.stack.start_flip_components``)."""
     cluster = LocalCluster(f"vkt-gang-{os.getpid()}", root=tmp_path_factory.mktemp("gang"))
     try:
         cluster.up(ensure_binaries(), flags=GANG_SCHEDULING)

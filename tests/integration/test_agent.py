@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import signal
 import subprocess
 import sys
@@ -136,6 +137,18 @@ async def test_node_registers_ready_renews_lease_and_goes_not_ready_when_stopped
     found = await api.get_node(agent.node)
     assert found is not None
     assert _condition(found, "Ready")["reason"] == "NodeStatusUnknown"
+
+
+async def test_a_running_agent_imports_nothing_of_the_dev_tooling(
+    api: KubeClient, agents: AgentHarness
+) -> None:
+    """`vk-provider run` with its node Ready: Python's own import log (PYTHONPROFILEIMPORTTIME)
+    names every module the agent loaded, and none is of vk-provider-dev."""
+    agent = agents.start(env={"PYTHONPROFILEIMPORTTIME": "1"})
+    await _ready_node(api, agent)
+    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)$", agent.log_text(), re.M))
+    assert {"vk_provider.runtime.agent", "providers.local.adapter"} <= imported  # it sees them
+    assert sorted(m for m in imported if m.split(".")[0] == "vk_provider_dev") == []
 
 
 async def test_unauthenticated_kubelet_api_calls_are_refused(

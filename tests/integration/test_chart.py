@@ -29,6 +29,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.helm import HELM, ensure_helm
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import (
@@ -37,8 +39,6 @@ from tests.integration.agent_harness import (
     AgentProcess,
     pod_on,
 )
-from vk_provider.cluster.cluster import LocalCluster
-from vk_provider.cluster.helm import HELM, ensure_helm
 from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration

@@ -29,6 +29,8 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 from providers.local.faults import inject_instance, inject_loss, set_faults
 from tests.helpers import wait_for
@@ -41,8 +43,6 @@ from tests.integration.deletions import (
     after_return,
     overdue,
 )
-from vk_provider.cluster.binaries import ensure_binaries
-from vk_provider.cluster.cluster import LocalCluster
 from vk_provider.domain.models import InstanceState
 from vk_provider.kube.client import KubeClient
 

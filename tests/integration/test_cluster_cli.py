@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from vk_provider.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 from tests.helpers import wait_for
-from vk_provider.cluster.cluster import LocalCluster
 from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration

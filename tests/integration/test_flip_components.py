@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.flags import GANG_SCHEDULING
+from vk_provider_dev.cluster.flip import workloads
+from vk_provider_dev.cluster.flip.adminapi import AdminApi
+from vk_provider_dev.cluster.flip.descheduler import OVERFLOW_TAINT, PLUGIN
+from vk_provider_dev.cluster.flip.kwok import node_ready
+from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
+from vk_provider_dev.cluster.flip.tools import ensure_flip_tools
 
 from tests.helpers import wait_until
-from vk_provider.cluster.binaries import ensure_binaries
-from vk_provider.cluster.cluster import LocalCluster
-from vk_provider.cluster.flags import GANG_SCHEDULING
-from vk_provider.cluster.flip import workloads
-from vk_provider.cluster.flip.adminapi import AdminApi
-from vk_provider.cluster.flip.descheduler import OVERFLOW_TAINT, PLUGIN
-from vk_provider.cluster.flip.kwok import node_ready
-from vk_provider.cluster.flip.stack import FlipComponents, start_flip_components
-from vk_provider.cluster.flip.tools import ensure_flip_tools
 
 pytestmark = pytest.mark.integration
 KUBECTL = str(Path(sys.executable).parent / "kubectl")

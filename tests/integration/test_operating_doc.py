@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster, free_ports
 
 from tests.integration.agent_harness import reap_runners
-from vk_provider.cluster.binaries import ensure_binaries
-from vk_provider.cluster.cluster import LocalCluster, free_ports
 from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration

@@ -19,10 +19,10 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
+from vk_provider_dev.cluster.demo import SIMULATED_PROVIDERS, shell_command
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import REST_TOKEN, AgentHarness, AgentProcess, pod_on
-from vk_provider.cluster.demo import SIMULATED_PROVIDERS, shell_command
 from vk_provider.kube.client import KubeClient
 
 pytestmark = pytest.mark.integration

@@ -7,9 +7,8 @@ import stat
 from pathlib import Path
 
 import pytest
-
-from vk_provider.cluster import binaries as b
-from vk_provider.cluster.errors import ClusterError
+from vk_provider_dev.cluster import binaries as b
+from vk_provider_dev.cluster.errors import ClusterError
 
 GO = shutil.which("go")
 

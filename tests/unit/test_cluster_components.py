@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vk_provider.cluster.binaries import Binaries
-from vk_provider.cluster.components import ClusterPorts, commands
-from vk_provider.cluster.pki import ClusterPKI
+from vk_provider_dev.cluster.binaries import Binaries
+from vk_provider_dev.cluster.components import ClusterPorts, commands
+from vk_provider_dev.cluster.pki import ClusterPKI
 
 
 def test_the_api_server_has_the_aggregation_layer(tmp_path: Path) -> None:

@@ -6,10 +6,9 @@ import socket
 from pathlib import Path
 
 import pytest
-
-from vk_provider.cluster.cluster import LocalCluster, validate_name
-from vk_provider.cluster.components import ClusterPorts
-from vk_provider.cluster.errors import ClusterError
+from vk_provider_dev.cluster.cluster import LocalCluster, validate_name
+from vk_provider_dev.cluster.components import ClusterPorts
+from vk_provider_dev.cluster.errors import ClusterError
 
 
 @pytest.mark.parametrize("name", ["", "Upper", "-lead", "trail-", "a" * 41, "has_underscore"])

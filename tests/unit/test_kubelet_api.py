@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cryptography import x509
+from vk_provider_dev.cluster.pki import ClusterPKI, ensure_pki
 
 from tests.unit.kubelet_harness import (
     NODE,
@@ -36,7 +37,6 @@ from vk_provider.api.kubelet import (
     parse_log_options,
 )
 from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certificate
-from vk_provider.cluster.pki import ClusterPKI, ensure_pki
 from vk_provider.domain.models import LogOptions
 
 __all__ = ["pki", "start_server"]  # fixtures, used by name

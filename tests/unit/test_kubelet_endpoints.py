@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from vk_provider_dev.cluster.pki import ClusterPKI
 
 from tests.unit.kubelet_harness import NODE, StartServer, pki, start_server
 from vk_provider.api.kubelet import KubeletSources
@@ -28,7 +29,6 @@ from vk_provider.api.kubelet_stats import (
 )
 from vk_provider.api.nodestats import UsageCollector
 from vk_provider.api.streaming import ContainerRef, StreamingRefused
-from vk_provider.cluster.pki import ClusterPKI
 from vk_provider.controllers.instances import InstanceTracker
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.domain.containers import ContainerState, ContainerStatus, ContainerUsage

@@ -15,13 +15,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
+from vk_provider_dev.cluster.pki import ClusterPKI
 
 from tests.unit.kubelet_harness import StartServer, client_context, pki, start_server
 from tests.unit.spdy_client import SpdyClient
 from vk_provider.api import portforward, remotecommand
 from vk_provider.api.kubelet import KubeletSources
 from vk_provider.api.streaming import ContainerRef, StreamingRefused
-from vk_provider.cluster.pki import ClusterPKI
 from vk_provider.domain.contract import ExecSession, PortStream
 from vk_provider.domain.errors import InvalidSpec
 

@@ -8,15 +8,14 @@ import os
 from pathlib import Path
 
 import pytest
-
-from vk_provider.cluster import netns
-from vk_provider.cluster.metrics_server import (
+from vk_provider_dev.cluster import netns
+from vk_provider_dev.cluster.metrics_server import (
     APISERVICE,
     RESOLUTION_SECONDS,
     command,
     registration_objects,
 )
-from vk_provider.cluster.pki import CertPair
+from vk_provider_dev.cluster.pki import CertPair
 
 
 def net(text: str) -> ipaddress.IPv4Network:

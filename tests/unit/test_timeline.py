@@ -6,7 +6,14 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from vk_provider.cluster.timeline import HEADER, Sample, line, overflow_state, render_svg, snapshot
+from vk_provider_dev.cluster.timeline import (
+    HEADER,
+    Sample,
+    line,
+    overflow_state,
+    render_svg,
+    snapshot,
+)
 
 NODE = {"metadata": {"name": "vk-gpu"}, "spec": {"taints": []}}
 

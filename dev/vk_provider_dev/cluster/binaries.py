@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vk_provider.cluster.errors import ClusterError
+from vk_provider_dev.cluster.errors import ClusterError
 
 COMPONENTS: tuple[str, ...] = (
     "etcd",

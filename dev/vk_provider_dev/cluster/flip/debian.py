@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from vk_provider.cluster.binaries import cache_root
-from vk_provider.cluster.errors import ClusterError
+from vk_provider_dev.cluster.binaries import cache_root
+from vk_provider_dev.cluster.errors import ClusterError
 
 MARKER: Final = ".complete"
 

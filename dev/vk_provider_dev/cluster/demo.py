@@ -32,10 +32,10 @@ from rich.console import Console
 
 from providers.local.adapter import LocalProvider
 from providers.local.config import LocalProviderConfig
-from vk_provider.cluster.binaries import Binaries
-from vk_provider.cluster.cluster import LocalCluster, free_ports, port_is_free
 from vk_provider.runtime.registry import Registry
 from vk_provider.settings.paths import state_root
+from vk_provider_dev.cluster.binaries import Binaries
+from vk_provider_dev.cluster.cluster import LocalCluster, free_ports, port_is_free
 
 NODE_NAME = "vk-gpu"
 DEFAULT_REST_PORT = 8080

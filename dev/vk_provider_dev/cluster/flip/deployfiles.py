@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-from vk_provider.cluster.errors import ClusterError
+from vk_provider_dev.cluster.errors import ClusterError
 
-REPOSITORY: Final = Path(__file__).resolve().parents[3]
+REPOSITORY: Final = Path(__file__).resolve().parents[4]  # dev/vk_provider_dev/cluster/flip
 FLIP_RULES: Final = "deploy/prometheus/flip-rules.yaml"
 FLIP_RULES_TEST: Final = "deploy/prometheus/flip-rules.test.yaml"
 DESCHEDULER_POLICY: Final = "deploy/descheduler/policy.yaml"
@@ -23,7 +23,7 @@ def deploy_file(relative: str) -> Path:
     if not path.is_file():
         raise ClusterError(
             f"{relative} is not at {path}: the flip components run from a source checkout "
-            "of vk-provider (pip install -e .)"
+            "of vk-provider (pip install -e . -e dev)"
         )
     return path
 

@@ -18,9 +18,9 @@ import os
 from pathlib import Path
 from typing import Final
 
-from vk_provider.cluster.binaries import Progress, cache_root
-from vk_provider.cluster.errors import ClusterError
-from vk_provider.cluster.flip.gobuild import GoProgram, build_go_program
+from vk_provider_dev.cluster.binaries import Progress, cache_root
+from vk_provider_dev.cluster.errors import ClusterError
+from vk_provider_dev.cluster.flip.gobuild import GoProgram, build_go_program
 
 BINARY_ENV: Final = "VK_PROVIDER_HELM"
 # The Kubernetes client libraries helm v3.22.0's go.mod requires (k8s.io/client-go v0.37.0).

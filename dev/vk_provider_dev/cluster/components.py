@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from vk_provider.cluster import pki as pki_mod
-from vk_provider.cluster.binaries import Binaries
+from vk_provider_dev.cluster import pki as pki_mod
+from vk_provider_dev.cluster.binaries import Binaries
 
 
 @dataclass(frozen=True, slots=True)

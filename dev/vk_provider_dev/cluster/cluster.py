@@ -41,13 +41,13 @@ from providers.local.processes import (
     start_process,
     stop_process,
 )
-from vk_provider.cluster import components
-from vk_provider.cluster import pki as pki_mod
-from vk_provider.cluster.binaries import Binaries
-from vk_provider.cluster.components import ClusterPorts
-from vk_provider.cluster.errors import ClusterError
-from vk_provider.cluster.flags import ClusterFlags, choose_flags
 from vk_provider.settings.paths import state_root
+from vk_provider_dev.cluster import components
+from vk_provider_dev.cluster import pki as pki_mod
+from vk_provider_dev.cluster.binaries import Binaries
+from vk_provider_dev.cluster.components import ClusterPorts
+from vk_provider_dev.cluster.errors import ClusterError
+from vk_provider_dev.cluster.flags import ClusterFlags, choose_flags
 
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from vk_provider.cluster.binaries import Progress, cache_root
-from vk_provider.cluster.errors import ClusterError
-from vk_provider.cluster.flip import debian
-from vk_provider.cluster.flip.gobuild import GoProgram, build_go_program, module_directory
+from vk_provider_dev.cluster.binaries import Progress, cache_root
+from vk_provider_dev.cluster.errors import ClusterError
+from vk_provider_dev.cluster.flip import debian
+from vk_provider_dev.cluster.flip.gobuild import GoProgram, build_go_program, module_directory
 
 KWOK: Final = GoProgram(
     binary="kwok",

@@ -33,7 +33,7 @@ from typing import Final, Self
 
 import httpx
 
-from vk_provider.cluster.errors import ClusterError
+from vk_provider_dev.cluster.errors import ClusterError
 
 _PR_SET_PDEATHSIG: Final = 1
 HealthCheck = Callable[[], bool]

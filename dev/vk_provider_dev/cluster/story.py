@@ -35,21 +35,21 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from vk_provider.cluster.binaries import Binaries
-from vk_provider.cluster.cluster import LocalCluster, free_ports, port_is_free
-from vk_provider.cluster.demo import (
+from vk_provider.settings.paths import state_root
+from vk_provider_dev.cluster.binaries import Binaries
+from vk_provider_dev.cluster.cluster import LocalCluster, free_ports, port_is_free
+from vk_provider_dev.cluster.demo import (
     DEFAULT_REST_PORT,
     _quietly,
     _stop_local_instances,
     agent_log_path,
     start_agent,
 )
-from vk_provider.cluster.flags import GANG_SCHEDULING
-from vk_provider.cluster.flip import workloads as w
-from vk_provider.cluster.flip.stack import FlipComponents, start_flip_components
-from vk_provider.cluster.flip.tools import FlipTools
-from vk_provider.cluster.timeline import HEADER, Sample, line, render_svg, snapshot
-from vk_provider.settings.paths import state_root
+from vk_provider_dev.cluster.flags import GANG_SCHEDULING
+from vk_provider_dev.cluster.flip import workloads as w
+from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
+from vk_provider_dev.cluster.flip.tools import FlipTools
+from vk_provider_dev.cluster.timeline import HEADER, Sample, line, render_svg, snapshot
 
 NODE_NAME = "vk-gpu"
 NAMESPACE = "ml"

@@ -10,5 +10,5 @@
   ``adminapi``: the small synchronous admin client they are created with;
   ``deployfiles``: where ``deploy/``'s rules and policy are.
 
-Gang scheduling itself needs no program: ``vk_provider.cluster.flags.GANG_SCHEDULING``.
+Gang scheduling itself needs no program: ``vk_provider_dev.cluster.flags.GANG_SCHEDULING``.
 """

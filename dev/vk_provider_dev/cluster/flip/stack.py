@@ -23,20 +23,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from vk_provider.cluster.cluster import LocalCluster
-from vk_provider.cluster.flip import kwok as kwok_mod
-from vk_provider.cluster.flip.adminapi import AdminApi
-from vk_provider.cluster.flip.deployfiles import descheduler_policy_file, flip_rules
-from vk_provider.cluster.flip.descheduler import (
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.flip import kwok as kwok_mod
+from vk_provider_dev.cluster.flip.adminapi import AdminApi
+from vk_provider_dev.cluster.flip.deployfiles import descheduler_policy_file, flip_rules
+from vk_provider_dev.cluster.flip.descheduler import (
     Descheduler,
     DeschedulerRun,
     run_descheduler_once,
     start_descheduler,
 )
-from vk_provider.cluster.flip.ksm import KubeStateMetrics, start_kube_state_metrics
-from vk_provider.cluster.flip.kwok import Kwok, start_kwok
-from vk_provider.cluster.flip.prometheus import DEFAULT_INTERVAL, Prometheus, start_prometheus
-from vk_provider.cluster.flip.tools import FlipTools, ensure_flip_tools
+from vk_provider_dev.cluster.flip.ksm import KubeStateMetrics, start_kube_state_metrics
+from vk_provider_dev.cluster.flip.kwok import Kwok, start_kwok
+from vk_provider_dev.cluster.flip.prometheus import DEFAULT_INTERVAL, Prometheus, start_prometheus
+from vk_provider_dev.cluster.flip.tools import FlipTools, ensure_flip_tools
 
 
 @dataclass(slots=True)

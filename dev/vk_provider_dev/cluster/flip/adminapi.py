@@ -21,8 +21,8 @@ from typing import Any, Self
 import httpx
 import yaml
 
-from vk_provider.cluster.cluster import LocalCluster
-from vk_provider.cluster.errors import ClusterError
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.errors import ClusterError
 
 JSON = dict[str, Any]
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from vk_provider.cluster.errors import ClusterError
+from vk_provider_dev.cluster.errors import ClusterError
 
 APISERVER: Final = "kube-apiserver"
 CONTROLLER_MANAGER: Final = "kube-controller-manager"

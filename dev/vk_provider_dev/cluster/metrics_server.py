@@ -37,10 +37,10 @@ from typing import Any
 import yaml
 
 from providers.local.processes import ProcessRecord, is_running, start_process, stop_process
-from vk_provider.cluster import pki as pki_mod
-from vk_provider.cluster.binaries import Progress, build_go_program, cache_root
-from vk_provider.cluster.cluster import LocalCluster, free_ports
-from vk_provider.cluster.errors import ClusterError
+from vk_provider_dev.cluster import pki as pki_mod
+from vk_provider_dev.cluster.binaries import Progress, build_go_program, cache_root
+from vk_provider_dev.cluster.cluster import LocalCluster, free_ports
+from vk_provider_dev.cluster.errors import ClusterError
 
 VERSION = "v0.9.0"
 MODULE = "sigs.k8s.io/metrics-server"

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vk_provider.cluster.binaries import Progress
-from vk_provider.cluster.errors import ClusterError
+from vk_provider_dev.cluster.binaries import Progress
+from vk_provider_dev.cluster.errors import ClusterError
 
 _NETWORK_HINTS = ("dial tcp", "no such host", "connection refused", "i/o timeout", "TLS handshake")
 
