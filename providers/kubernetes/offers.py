@@ -43,6 +43,7 @@ from providers.kubernetes.config import KubernetesProviderConfig
 from providers.kubernetes.names import LABEL_MANAGED_BY, label_value
 from providers.payload import MalformedResponse, items, mapping
 from vk_provider.domain.models import Offer
+from vk_provider.domain.node import VIRTUAL_NODE_TAINT_KEY
 from vk_provider.domain.quantity import parse_quantity
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 GPU_MEMORY_LABEL: Final = "nvidia.com/gpu.memory"  # MiB, as GPU feature discovery writes it
 REGION_LABEL: Final = "topology.kubernetes.io/region"
-VIRTUAL_KUBELET_TAINT: Final = "virtual-kubelet.io/provider"
+VIRTUAL_KUBELET_TAINT: Final = VIRTUAL_NODE_TAINT_KEY
 FALLBACK_REGION: Final = "remote"
 
 # Every pod tolerates virtual nodes; GPU pods also the customary GPU node-pool taint.

@@ -23,7 +23,6 @@ def requirements(settings: KubernetesProviderConfig) -> list[str]:
 
 
 PROVIDER_TYPE = ProviderType(
-    name="kubernetes",
     settings=KubernetesProviderConfig,
     build=build,
     description="Pods in another Kubernetes cluster.",

@@ -15,7 +15,6 @@ def build(settings: LambdaProviderConfig, context: BuildContext) -> Provider:
 
 
 PROVIDER_TYPE = ProviderType(
-    name="lambda",
     settings=LambdaProviderConfig,
     build=build,
     description="Lambda Cloud VMs running the pod's image through cloud-init, read over SSH.",

@@ -15,7 +15,6 @@ def build(settings: LocalProviderConfig, context: BuildContext) -> Provider:
 
 
 PROVIDER_TYPE = ProviderType(
-    name="local",
     settings=LocalProviderConfig,
     build=build,
     description="Runs each container's command as a local process (development, demo, tests).",

@@ -15,7 +15,6 @@ def build(settings: MemoryProviderConfig, context: BuildContext) -> Provider:
 
 
 PROVIDER_TYPE = ProviderType(
-    name="memory",
     settings=MemoryProviderConfig,
     build=build,
     description="Simulated instances kept in memory (tests and benchmarks; nothing runs).",

@@ -15,7 +15,6 @@ def build(settings: ModalProviderConfig, context: BuildContext) -> Provider:
 
 
 PROVIDER_TYPE = ProviderType(
-    name="modal",
     settings=ModalProviderConfig,
     build=build,
     description="Modal sandboxes through the modal SDK (imported only when used).",

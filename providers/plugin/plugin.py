@@ -22,7 +22,6 @@ def requirements(settings: GrpcProviderConfig) -> list[str]:
 
 
 PROVIDER_TYPE = ProviderType(
-    name="grpc",
     settings=GrpcProviderConfig,
     build=build,
     description="A provider adapter in its own process, over gRPC (proto/vkprovider/v1).",

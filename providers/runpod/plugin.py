@@ -15,7 +15,6 @@ def build(settings: RunPodProviderConfig, context: BuildContext) -> Provider:
 
 
 PROVIDER_TYPE = ProviderType(
-    name="runpod",
     settings=RunPodProviderConfig,
     build=build,
     description="RunPod GPU pods (REST v1, GraphQL offers, v2 logs).",

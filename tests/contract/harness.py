@@ -4,8 +4,9 @@ An adapter's harness (``tests/contract/harness_<provider>.py``, exporting ``HARN
 the adapter to a stateful fake of that provider's backend — respx routes shaped by the
 provider's published API document, a fake of our own SDK interface, or real processes — and
 exposes a few knobs the suite turns. The suite (``test_contract.py``) then checks the same
-promises of every adapter: idempotent create, delete of a missing instance succeeds, list
-returns only ours, every documented state maps, each error lands in the right class.
+promises of every adapter: idempotent create, get of an unknown instance is ``NotFound``,
+delete of a missing instance succeeds, list returns only ours, every documented state maps,
+each error lands in the right class.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ class ContractHarness(Protocol):
 
     async def offer(self, provider: Provider) -> Offer:
         """An offer the adapter will accept for ``spec``."""
+        ...
+
+    def unknown_instance_id(self) -> str:
+        """An instance id of the form this adapter gives its instances that was never created:
+        the backend has no record of it, so the adapter must ask and be told "no such thing"
+        (not refuse the id as malformed before asking). Use inside ``running()``."""
         ...
 
     def add_foreign_instance(self) -> None:

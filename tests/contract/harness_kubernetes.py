@@ -530,6 +530,12 @@ class KubernetesHarness:
             price_per_hour=0.05,
         )
 
+    def unknown_instance_id(self) -> str:
+        self._require_admin()
+        # ``vk-<pod uid>-<attempt>``, as the adapter names its pods; the namespace is new
+        # for this ``running()``, so B answers 404 NotFound for it.
+        return "vk-uid-never-created-0"
+
     def add_foreign_instance(self) -> None:
         admin = self._require_admin()
         base = f"/api/v1/namespaces/{self._namespace}/pods"

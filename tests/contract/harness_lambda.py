@@ -653,6 +653,13 @@ class LambdaHarness:
     async def offer(self, provider: Provider) -> Offer:
         return next(o for o in await provider.offers() if o.sku == "gpu_1x_a10")
 
+    def unknown_instance_id(self) -> str:
+        # The document's example instance id (32 hex digits, the form the fake's uuid4 ids
+        # take too); get and terminate of it answer 404 global/object-does-not-exist.
+        instance_id = "0920582c7ff041399e34823a0be62549"
+        assert instance_id not in self._require().instances
+        return instance_id
+
     def add_foreign_instance(self) -> None:
         fake = self._require()
         fake.add_instance()

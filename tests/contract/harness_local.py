@@ -64,6 +64,13 @@ class LocalHarness:
     async def offer(self, provider: Provider) -> Offer:
         return (await provider.offers())[0]
 
+    def unknown_instance_id(self) -> str:
+        assert self._state_dir is not None
+        # ``local-<pod uid>-<attempt>``, as create names them, with no directory behind it.
+        instance_id = "local-uid-never-created-0"
+        assert not (self._state_dir / instance_id).exists()
+        return instance_id
+
     def add_foreign_instance(self) -> None:
         assert self._state_dir is not None
         # Something else in the same directory that is not an instance of ours.

@@ -95,6 +95,13 @@ class ModalHarness:
     async def offer(self, provider: Provider) -> Offer:
         return (await provider.offers())[0]
 
+    def unknown_instance_id(self) -> str:
+        # "sb-" and 22 base62 characters, as Modal's sandbox ids (the fake's are all digits);
+        # the fake raises what the real client makes of Modal's NotFoundError.
+        sandbox_id = "sb-NeverCreatedSandbox000"
+        assert sandbox_id not in self._require_fake().sandboxes
+        return sandbox_id
+
     def add_foreign_instance(self) -> None:
         fake = self._require_fake()
         fake.add_foreign(name="someone-else")

@@ -477,6 +477,15 @@ class RunPodHarness:
             if not o.spot and o.available > 0 and o.gpu_count == 1
         )
 
+    def unknown_instance_id(self) -> str:
+        # The v1 document's example Pod id; FakeRunPod makes only "fk…" ids. GET of it is the
+        # documented 404 "Pod not found."; the fake's DELETE answers 404 too (the document
+        # lists only 400 "Invalid Pod ID." there, which the adapter also takes as gone; see
+        # tests/unit/test_runpod.py::test_400_on_a_pod_id_is_not_found).
+        pod_id = "xedezhzb9la3ye"
+        assert pod_id not in self.fake.pods
+        return pod_id
+
     def add_foreign_instance(self) -> None:
         self.fake.add_pod(name="my jupyter notebook")
         # Named like ours, but its environment does not say so.

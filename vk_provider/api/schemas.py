@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vk_provider.api.view import AgentView, CapStatus, ProviderStatus
 from vk_provider.controllers.overflow import OverflowView
 from vk_provider.domain.models import Offer
+from vk_provider.domain.node import VIRTUAL_NODE_TAINT_KEY, VIRTUAL_NODE_TAINT_VALUE
 from vk_provider.domain.podview import PodPlacement
 
 
@@ -348,8 +349,8 @@ class OverflowOut(ApiModel):
                     "full_for_seconds": 170.0,
                     "free_for_seconds": None,
                     "taint": {
-                        "key": "virtual-kubelet.io/provider",
-                        "value": "vk-provider",
+                        "key": VIRTUAL_NODE_TAINT_KEY,
+                        "value": VIRTUAL_NODE_TAINT_VALUE,
                         "effect": "PreferNoSchedule",
                     },
                     "transitions": 1,

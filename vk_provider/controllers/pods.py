@@ -30,6 +30,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from typing import assert_never
 
 from vk_provider.controllers.instances import InstanceTracker
 from vk_provider.controllers.launch import Launcher
@@ -365,47 +366,54 @@ class PodController:
     async def _execute(
         self, pod: PodView, memory: PodMemory, sighting: Sighting, decision: Decision
     ) -> None:
-        step, key, instance = decision.step, pod.key, sighting.instance
-        if step is Step.PLACE:
-            await self._placer.launch(pod, memory, attempt=pod.status.restart_count, previous=None)
-        elif step is Step.RELAUNCH:
-            assert instance is not None
-            await self._placer.launch(pod, memory, attempt=decision.attempt, previous=instance)
-        elif step is Step.WAIT:
-            self.queue.add_after(key, decision.wait_seconds)
-        elif step is Step.RETRY:
-            self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
-        elif step is Step.SHOW_PENDING:
-            assert instance is not None
-            await self._report.pending(pod, instance)
-            self.queue.add_after(key, memory.next_start_poll(self._intervals))
-        elif step is Step.SHOW_RUNNING:
-            assert instance is not None
-            await self._report.running(pod, instance)
-            self.queue.add_after(key, self._intervals.pod_status_seconds * 5)
-        elif step is Step.FAIL_LOST:
-            why = "the provider no longer knows it"
-            if instance is not None:
-                why = instance.message or instance.state.value
-            await self._fail_lost(pod, why)
-        elif step is Step.COMPLETE:
-            assert instance is not None
-            await self._report.complete(pod, instance)
-            await self._release(pod)
-        elif step is Step.BACK_OFF:
-            assert instance is not None
-            await self._report.back_off(pod, instance)
-            self.queue.add_after(key, decision.wait_seconds)
-        elif step is Step.TERMINATE:
-            await self._terminate(pod, sighting, decision.grace_seconds)
-        elif step is Step.AWAIT_TERMINATION:
-            self.queue.add_after(key, self._deletion_poll(pod))
-        elif step is Step.FINISH_DELETION:
-            await self._finish_deletion(pod, sighting)
-        elif step is Step.RELEASE:
-            await self._release(pod)
-        elif self._ledger.release(pod.uid):  # Step.NOTHING: only the budget may be left
-            self._room_appeared(pod.placed.offer_key if pod.placed else None)
+        key, instance = pod.key, sighting.instance
+        # One case per step; assert_never makes mypy (scripts/check) refuse a step that has
+        # none, and tests/unit/test_lifecycle_executor.py checks the same at run time.
+        match decision.step:
+            case Step.PLACE:
+                attempt = pod.status.restart_count
+                await self._placer.launch(pod, memory, attempt=attempt, previous=None)
+            case Step.RELAUNCH:
+                assert instance is not None
+                await self._placer.launch(pod, memory, attempt=decision.attempt, previous=instance)
+            case Step.WAIT:
+                self.queue.add_after(key, decision.wait_seconds)
+            case Step.RETRY:
+                self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
+            case Step.SHOW_PENDING:
+                assert instance is not None
+                await self._report.pending(pod, instance)
+                self.queue.add_after(key, memory.next_start_poll(self._intervals))
+            case Step.SHOW_RUNNING:
+                assert instance is not None
+                await self._report.running(pod, instance)
+                self.queue.add_after(key, self._intervals.pod_status_seconds * 5)
+            case Step.FAIL_LOST:
+                why = "the provider no longer knows it"
+                if instance is not None:
+                    why = instance.message or instance.state.value
+                await self._fail_lost(pod, why)
+            case Step.COMPLETE:
+                assert instance is not None
+                await self._report.complete(pod, instance)
+                await self._release(pod)
+            case Step.BACK_OFF:
+                assert instance is not None
+                await self._report.back_off(pod, instance)
+                self.queue.add_after(key, decision.wait_seconds)
+            case Step.TERMINATE:
+                await self._terminate(pod, sighting, decision.grace_seconds)
+            case Step.AWAIT_TERMINATION:
+                self.queue.add_after(key, self._deletion_poll(pod))
+            case Step.FINISH_DELETION:
+                await self._finish_deletion(pod, sighting)
+            case Step.RELEASE:
+                await self._release(pod)
+            case Step.NOTHING:  # only the budget may be left
+                if self._ledger.release(pod.uid):
+                    self._room_appeared(pod.placed.offer_key if pod.placed else None)
+            case unhandled:
+                assert_never(unhandled)
 
     # ------------------------------------------------------------------ status
 

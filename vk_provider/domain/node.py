@@ -171,6 +171,10 @@ def build_node(name: str, labels: Mapping[str, str], taints: list[JSON]) -> JSON
 
 # The labels GPU feature discovery puts on GPU nodes, and ours per offered model, so that
 # node affinities on GPU models work against the virtual node (PRODUCT.md §12).
+# The virtual node's taint (every virtual kubelet's key), the overflow flip's by default too;
+# spelled here only.
+VIRTUAL_NODE_TAINT_KEY = "virtual-kubelet.io/provider"
+VIRTUAL_NODE_TAINT_VALUE = "vk-provider"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MODEL_LABEL_PREFIX = "gpu.vk-provider.io/"

@@ -36,18 +36,7 @@ COMPONENT = "vk-provider"
 QUEUED_EVENTS = 10_000  # client-go queues 1,000 per broadcaster; a node of ours has more pods
 SENDERS = 8
 
-# Reasons (PRODUCT.md §6).
-PROVIDER_SELECTED = "ProviderSelected"
-NO_CAPACITY = "NoCapacity"
-BUDGET_EXCEEDED = "BudgetExceeded"
-INVALID_SPEC = "InvalidSpec"
-PROVIDER_CREATE_FAILED = "ProviderCreateFailed"
-INSTANCE_LOST = "InstanceLost"
-# Kubelet-style reasons for the container's own life.
-STARTED = "Started"
-BACK_OFF = "BackOff"
-KILLING = "Killing"
-FAILED_CONFIG = "CreateContainerConfigError"
+# The reasons and their wording are the domain's (domain/explain.py), spelled there only.
 
 
 def involved(obj: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import yaml
 from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from vk_provider.domain.budget import BudgetCaps
-from vk_provider.domain.node import NodeCaps
+from vk_provider.domain.node import VIRTUAL_NODE_TAINT_KEY, VIRTUAL_NODE_TAINT_VALUE, NodeCaps
 from vk_provider.domain.placement import PlacementPolicy
 from vk_provider.settings.identity import IdentityConfig
 from vk_provider.settings.leader import LeaderElectionConfig
@@ -42,7 +42,9 @@ class Taint(Strict):
     )
 
 
-DEFAULT_TAINT = Taint(key="virtual-kubelet.io/provider", value="vk-provider", effect="NoSchedule")
+DEFAULT_TAINT = Taint(
+    key=VIRTUAL_NODE_TAINT_KEY, value=VIRTUAL_NODE_TAINT_VALUE, effect="NoSchedule"
+)
 
 
 class NodeConfig(Strict):

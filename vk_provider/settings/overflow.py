@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
+from vk_provider.domain.node import VIRTUAL_NODE_TAINT_KEY, VIRTUAL_NODE_TAINT_VALUE
 from vk_provider.domain.overflow import OverflowPolicy, OverflowQueries
 from vk_provider.settings.secrets import SecretRef, Strict
 
@@ -65,9 +66,9 @@ class OverflowConfig(Strict):
     )
     queries: QueriesConfig = Field(default_factory=QueriesConfig, description="The signal.")
     taint_key: str = Field(
-        "virtual-kubelet.io/provider", description="Key of the overflow taint (owned by the flip)."
+        VIRTUAL_NODE_TAINT_KEY, description="Key of the overflow taint (owned by the flip)."
     )
-    taint_value: str = Field("vk-provider", description="Value of the overflow taint.")
+    taint_value: str = Field(VIRTUAL_NODE_TAINT_VALUE, description="Value of the overflow taint.")
     interval_seconds: float = Field(5, gt=0, le=300, description="How often to evaluate.")
     open_after_seconds: float = Field(
         10, ge=0, le=3600, description="Own GPUs full this long: open the overflow."

@@ -24,7 +24,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -110,6 +110,15 @@ class CloudProviderSettings(ProviderSettings):
         return self
 
 
+def type_name(settings: type[ProviderSettings]) -> str:
+    """The one name of ``settings``' ``type`` field: ``type: Literal["runpod"]`` -> runpod."""
+    field_info = settings.model_fields.get("type")
+    names = get_args(field_info.annotation) if field_info is not None else ()
+    if len(names) != 1 or not isinstance(names[0], str):
+        raise TypeError(f"{settings.__name__}.type must be a Literal of one provider type name")
+    return names[0]
+
+
 @dataclass(frozen=True, slots=True)
 class BuildContext:
     """What the agent gives a factory besides the provider's own settings."""
@@ -119,13 +128,13 @@ class BuildContext:
 
 @dataclass(frozen=True, slots=True)
 class ProviderType:
-    """One provider type: the ``type`` name in the configuration, its settings, its factory.
+    """One provider type: its settings, its factory, and the ``type`` name in the
+    configuration, which is the settings' own ``type: Literal["<name>"]`` (spelled there only).
 
     ``build`` is called only with an instance of ``settings`` (``create`` checks it), so a
     factory may be typed on its own settings class.
     """
 
-    name: str
     settings: type[ProviderSettings]
     build: Callable[[Any, BuildContext], Provider]
     description: str = ""
@@ -133,6 +142,13 @@ class ProviderType:
     # before it runs (a namespace in a remote cluster, a firewall rule): `check-config`
     # prints these as notes.
     requirements: Callable[[Any], list[str]] = field(default=lambda _settings: [])
+
+    def __post_init__(self) -> None:
+        type_name(self.settings)  # a settings class without one Literal type name is refused
+
+    @property
+    def name(self) -> str:
+        return type_name(self.settings)
 
     def create(self, settings: ProviderSettings, context: BuildContext) -> Provider:
         """Build the adapter for ``settings`` (an instance of ``self.settings``)."""

@@ -11,7 +11,6 @@ def build(settings: ExampleSettings, context: BuildContext) -> Provider:
 
 
 PROVIDER_TYPE = ProviderType(
-    name="example",
     settings=ExampleSettings,
     build=build,
     description="One simulated GPU, kept in memory (an example third-party adapter).",
