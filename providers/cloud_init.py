@@ -73,8 +73,7 @@ from providers.docker_run import (
     volume_dirs,
 )
 from providers.sealed_env import seal
-from vk_provider.domain.errors import InvalidSpec
-from vk_provider.domain.models import EnvVar, WorkloadSpec
+from vk_provider.sdk import EnvVar, InvalidSpec, WorkloadSpec
 
 # Lambda: "The user data string must be plain text and cannot exceed 1MB in size." Read as
 # decimal megabytes, the stricter of the two readings.

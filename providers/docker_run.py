@@ -35,9 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from vk_provider.domain.containers import ContainerSpec, VolumeMount
-from vk_provider.domain.errors import InvalidSpec
-from vk_provider.domain.models import Port, WorkloadSpec
+from vk_provider.sdk import ContainerSpec, InvalidSpec, Port, VolumeMount, WorkloadSpec
 
 PAUSE_IMAGE: Final = "registry.k8s.io/pause:3.10"
 POD_LABEL: Final = "vk-provider.pod"

@@ -49,8 +49,7 @@ import httpx
 
 from providers.payload import MalformedResponse
 from providers.transport import RetryPolicy, log_retries, parse_retry_after
-from vk_provider.domain.errors import ProviderError, Transient
-from vk_provider.domain.redact import Redactor
+from vk_provider.sdk import ProviderError, Redactor, Transient
 
 log = logging.getLogger(__name__)
 

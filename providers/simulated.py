@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from vk_provider.domain.models import Offer
-from vk_provider.settings.secrets import Strict
+from vk_provider.sdk import Offer, Strict
 
 
 class SimulatedOffer(Strict):

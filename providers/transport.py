@@ -45,7 +45,7 @@ from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from vk_provider.domain.errors import RateLimited, Transient
+from vk_provider.sdk import RateLimited, Transient
 
 T = TypeVar("T")
 

@@ -102,17 +102,21 @@ from providers.kubernetes.streams import RemoteCommand, RemotePort, RemoteStream
 from providers.kubernetes.usage import CpuCounter, advance, parse_pod_metrics, pod_metrics_path
 from providers.payload import MalformedResponse, items
 from providers.transport import RetryPolicy
-from vk_provider.domain.containers import ContainerUsage
-from vk_provider.domain.contract import ExecSession, PortStream
-from vk_provider.domain.errors import CapacityUnavailable, InvalidSpec, NotFound, ProviderError
-from vk_provider.domain.models import (
+from vk_provider.sdk import (
     Capabilities,
+    CapacityUnavailable,
+    ContainerUsage,
+    ExecSession,
     Instance,
+    InvalidSpec,
     LogOptions,
+    NotFound,
     Offer,
+    PortStream,
+    ProviderError,
+    Redactor,
     WorkloadSpec,
 )
-from vk_provider.domain.redact import Redactor
 
 log = logging.getLogger(__name__)
 

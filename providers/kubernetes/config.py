@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from vk_provider.settings.providers import CloudProviderSettings
-from vk_provider.settings.secrets import SecretRef
+from vk_provider.sdk import CloudProviderSettings, SecretRef
 
 
 class KubernetesProviderConfig(CloudProviderSettings):

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from vk_provider.domain.containers import ContainerSpec, Probe
-from vk_provider.domain.errors import InvalidSpec
-from vk_provider.domain.models import WorkloadSpec
+from vk_provider.sdk import ContainerSpec, InvalidSpec, Probe, WorkloadSpec
 
 JSON = dict[str, object]
 SecretKeys = Mapping[tuple[str, str], str]  # (container, variable) -> key in the Secret

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from providers.http import Answer
 from providers.payload import text
 from providers.transport import parse_retry_after
-from vk_provider.domain.errors import (
+from vk_provider.sdk import (
     AuthFailed,
     CapacityUnavailable,
     InvalidSpec,

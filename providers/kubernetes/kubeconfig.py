@@ -47,8 +47,7 @@ from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.config.kube_config import ConfigNode, KubeConfigLoader
 
 from providers.kubernetes.config import KubernetesProviderConfig
-from vk_provider.settings.providers import check_credential_url
-from vk_provider.settings.secrets import ConfigError
+from vk_provider.sdk import ConfigError, check_credential_url
 
 _UNSUPPORTED = ("exec", "auth-provider", "username")
 _MISSING_FILE = "File does not exists: "  # kubernetes_asyncio's wording

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from providers.payload import MalformedResponse, mapping, text
-from vk_provider.domain.models import LogOptions
+from vk_provider.sdk import LogOptions
 
 
 def container_names(pod: object) -> tuple[str, ...]:

@@ -46,8 +46,7 @@ from providers.kubernetes.names import (
 from providers.kubernetes.offers import GPU_TOLERATIONS, REGION_LABEL, TOLERATIONS, Shape
 from providers.kubernetes.resources import container_resources
 from providers.payload import MalformedResponse, mapping
-from vk_provider.domain.containers import ContainerSpec
-from vk_provider.domain.models import Offer, WorkloadSpec
+from vk_provider.sdk import ContainerSpec, Offer, WorkloadSpec
 
 
 def build_secret(spec: WorkloadSpec, *, name: str, namespace: str, provider: str) -> JSON | None:

@@ -21,7 +21,7 @@ import re
 from typing import Final
 
 from providers.kubernetes.containers import every_container
-from vk_provider.domain.models import WorkloadSpec
+from vk_provider.sdk import WorkloadSpec
 
 LABEL_MANAGED_BY: Final = "vk-provider.io/managed-by"
 LABEL_POD_UID: Final = "vk-provider.io/pod-uid"

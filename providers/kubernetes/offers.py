@@ -42,9 +42,7 @@ from typing import Final
 from providers.kubernetes.config import KubernetesProviderConfig
 from providers.kubernetes.names import LABEL_MANAGED_BY, label_value
 from providers.payload import MalformedResponse, items, mapping
-from vk_provider.domain.models import Offer
-from vk_provider.domain.node import VIRTUAL_NODE_TAINT_KEY
-from vk_provider.domain.quantity import parse_quantity
+from vk_provider.sdk import VIRTUAL_NODE_TAINT_KEY, Offer, parse_quantity
 
 log = logging.getLogger(__name__)
 

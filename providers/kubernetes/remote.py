@@ -35,8 +35,7 @@ from providers.kubernetes.failures import (
 from providers.kubernetes.manifests import owner_reference
 from providers.kubernetes.names import is_pod_name
 from providers.payload import mapping
-from vk_provider.domain.errors import NotFound, ProviderError
-from vk_provider.domain.redact import Redactor
+from vk_provider.sdk import NotFound, ProviderError, Redactor
 
 log = logging.getLogger(__name__)
 

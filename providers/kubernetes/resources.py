@@ -31,8 +31,7 @@ import math
 from collections.abc import Sequence
 
 from providers.kubernetes.offers import GPU_RESOURCE, Shape
-from vk_provider.domain.containers import ContainerSpec
-from vk_provider.domain.models import WorkloadSpec
+from vk_provider.sdk import ContainerSpec, WorkloadSpec
 
 JSON = dict[str, object]
 _MIB = 2**20

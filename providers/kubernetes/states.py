@@ -47,8 +47,7 @@ from providers.kubernetes.names import (
 )
 from providers.kubernetes.statuses import PodContainers, pod_containers
 from providers.payload import MalformedResponse, mapping, text, timestamp
-from vk_provider.domain.containers import ContainerState, ContainerStatus
-from vk_provider.domain.models import Instance, InstanceState, WorkloadSpec
+from vk_provider.sdk import ContainerState, ContainerStatus, Instance, InstanceState, WorkloadSpec
 
 LOST_REASONS: Final = frozenset(
     {

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from providers.payload import MalformedResponse, mapping, text, timestamp
-from vk_provider.domain.containers import ContainerState, ContainerStatus, Termination
+from vk_provider.sdk import ContainerState, ContainerStatus, Termination
 
 
 @dataclass(frozen=True, slots=True)

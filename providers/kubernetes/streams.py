@@ -39,8 +39,7 @@ from providers.kubernetes.channels import (
 )
 from providers.kubernetes.failures import ApiFailure, Call, classify_failure
 from providers.kubernetes.kubeconfig import ClusterAccess
-from vk_provider.domain.errors import Transient
-from vk_provider.domain.redact import Redactor
+from vk_provider.sdk import Redactor, Transient
 
 _ENDED = frozenset({aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED})
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from providers.payload import MalformedResponse
-from vk_provider.domain.quantity import parse_quantity
+from vk_provider.sdk import parse_quantity
 
 METRICS_API = "/apis/metrics.k8s.io/v1beta1"
 

@@ -1,6 +1,7 @@
 """The Lambda Cloud provider: one Lambda VM per pod, running the whole pod on it.
 
-Lambda rents whole VMs (API 1.8.3, ``shared/provider-apis/lambda-cloud-openapi-1.8.3.json``).
+Lambda rents whole VMs (API 1.8.3, its published document is
+``tests/fixtures/provider-apis/lambda-cloud-openapi-1.8.3.json``).
 The pod runs on the VM through cloud-init ``user_data`` built by ``providers.cloud_init``
 (Docker with the NVIDIA runtime, set up by ``providers.boot_script``): every container as a
 Docker container sharing one network namespace and the pod's emptyDir volumes, init
@@ -93,23 +94,21 @@ from providers.lambda_cloud.ssh import SshVmShell, VmShell
 from providers.lambda_cloud.sshkeys import KeyOperation, ensure_registered
 from providers.lambda_cloud.vmwatch import VmWatch
 from providers.transport import RetryPolicy, Sleep
-from vk_provider.domain.errors import (
-    CapacityUnavailable,
-    NotFound,
-    ProviderError,
-    RateLimited,
-    Transient,
-)
-from vk_provider.domain.models import (
+from vk_provider.sdk import (
     Capabilities,
+    CapacityUnavailable,
+    ConfigError,
     Instance,
     InstanceState,
     LogOptions,
+    NotFound,
     Offer,
+    ProviderError,
+    RateLimited,
+    Redactor,
+    Transient,
     WorkloadSpec,
 )
-from vk_provider.domain.redact import Redactor
-from vk_provider.settings.secrets import ConfigError
 
 log = logging.getLogger(__name__)
 

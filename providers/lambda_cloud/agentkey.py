@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from providers.cloud_init import HostKey
-from vk_provider.settings.secrets import ConfigError, SecretRef
+from vk_provider.sdk import ConfigError, SecretRef
 
 KEY_FILE: Final = Path("ssh") / "id_ed25519"
 _SALT: Final = b"vk-provider/lambda: keys of one VM"

@@ -6,12 +6,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from vk_provider.settings.providers import CloudProviderSettings
-from vk_provider.settings.secrets import SecretRef
+from vk_provider.sdk import CloudProviderSettings, SecretRef
 
 
+# The API's shapes: tests/fixtures/provider-apis/lambda-cloud-openapi-1.8.3.json.
 class LambdaProviderConfig(CloudProviderSettings):
-    """Lambda Cloud VMs running the pod's image through cloud-init (shared/provider-apis)."""
+    """Lambda Cloud VMs running the pod's image through cloud-init."""
 
     type: Literal["lambda"]
     api_key: SecretRef = Field(description="API key, by reference (env:VAR or file:/path).")

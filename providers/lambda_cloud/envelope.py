@@ -28,16 +28,16 @@ from typing import Final, Literal
 from providers.http import Answer
 from providers.payload import MalformedResponse, obj
 from providers.transport import parse_retry_after
-from vk_provider.domain.errors import (
+from vk_provider.sdk import (
     AuthFailed,
     CapacityUnavailable,
     InvalidSpec,
     NotFound,
     ProviderError,
     RateLimited,
+    Redactor,
     Transient,
 )
-from vk_provider.domain.redact import Redactor
 
 Operation = Literal[
     "list instance types",

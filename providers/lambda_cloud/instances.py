@@ -26,8 +26,7 @@ from typing import Final
 
 from providers.lambda_cloud.config import LambdaProviderConfig
 from providers.payload import MalformedResponse, array, field, number, obj, string
-from vk_provider.domain.errors import InvalidSpec
-from vk_provider.domain.models import Instance, InstanceState, Offer, WorkloadSpec
+from vk_provider.sdk import Instance, InstanceState, InvalidSpec, Offer, WorkloadSpec
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from typing import Final
 
 from providers.payload import MalformedResponse, array, field, number, obj, string
-from vk_provider.domain.models import Offer
+from vk_provider.sdk import Offer
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from providers.boot_script import (
     START_ERROR_FILE,
 )
 from providers.docker_run import Kind
-from vk_provider.domain.models import LogOptions
+from vk_provider.sdk import LogOptions
 
 NO_CONTAINER: Final = 44
 _FILE_TAIL_BYTES: Final = 4096

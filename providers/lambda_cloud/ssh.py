@@ -40,8 +40,7 @@ from providers.lambda_cloud.remote import (
     parse_probe,
     probe_command,
 )
-from vk_provider.domain.errors import NotFound, Transient
-from vk_provider.domain.models import LogOptions
+from vk_provider.sdk import LogOptions, NotFound, Transient
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Literal
 
 from providers.lambda_cloud.agentkey import AgentKey
 from providers.payload import array, obj, string
-from vk_provider.domain.errors import AuthFailed, InvalidSpec
+from vk_provider.sdk import AuthFailed, InvalidSpec
 
 log = logging.getLogger(__name__)
 

@@ -48,9 +48,8 @@ from datetime import datetime
 from typing import Final
 
 from providers.lambda_cloud.remote import ContainerReport, ContainerState, VmReport
-from vk_provider.domain.containers import ContainerState as Runtime
-from vk_provider.domain.containers import ContainerStatus, Termination
-from vk_provider.domain.models import InstanceState
+from vk_provider.sdk import ContainerState as Runtime
+from vk_provider.sdk import ContainerStatus, InstanceState, Termination
 
 _RUNNING: Final = frozenset({"running", "paused"})
 _ENDED: Final = frozenset({"exited", "dead", "removing"})

@@ -54,8 +54,7 @@ from providers.lambda_cloud.agentkey import AgentKey
 from providers.lambda_cloud.remote import VmReport
 from providers.lambda_cloud.ssh import VmShell, VmTarget
 from providers.lambda_cloud.vmstate import verdict
-from vk_provider.domain.errors import NotFound, Transient
-from vk_provider.domain.models import Instance, InstanceState, LogOptions
+from vk_provider.sdk import Instance, InstanceState, LogOptions, NotFound, Transient
 
 Clock = Callable[[], float]
 

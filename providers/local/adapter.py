@@ -91,20 +91,19 @@ from providers.local.records import (
 from providers.local.spawner import Spawner
 from providers.local.usage import instance_usage
 from providers.simulated import SimulatedOffer, simulated_offer
-from vk_provider.domain.containers import ContainerUsage
-from vk_provider.domain.contract import ExecSession, PortStream
-from vk_provider.domain.errors import (
-    CapacityUnavailable,
-    InvalidSpec,
-    NotFound,
-    Transient,
-)
-from vk_provider.domain.models import (
+from vk_provider.sdk import (
     Capabilities,
+    CapacityUnavailable,
+    ContainerUsage,
+    ExecSession,
     Instance,
     InstanceState,
+    InvalidSpec,
     LogOptions,
+    NotFound,
     Offer,
+    PortStream,
+    Transient,
     WorkloadSpec,
 )
 

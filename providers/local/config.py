@@ -8,8 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from providers.simulated import SimulatedOffer, unique_skus
-from vk_provider.settings.providers import ProviderSettings
-from vk_provider.settings.secrets import Strict
+from vk_provider.sdk import ProviderSettings, Strict
 
 
 class LocalFaults(Strict):

@@ -37,7 +37,7 @@ from typing import Any
 
 from providers.local.layout import container_env, container_process, container_spec
 from providers.local.processes import is_running
-from vk_provider.domain.errors import InvalidSpec, NotFound
+from vk_provider.sdk import InvalidSpec, NotFound
 
 _LAUNCHER = (
     "import ctypes,fcntl,os,signal,sys,termios\n"

@@ -34,7 +34,7 @@ from providers.local.records import (
     write_atomically,
     write_json,
 )
-from vk_provider.domain.errors import (
+from vk_provider.sdk import (
     AuthFailed,
     CapacityUnavailable,
     ProviderError,

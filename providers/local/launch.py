@@ -23,10 +23,7 @@ from providers.local.layout import (
     container_dir,
 )
 from providers.local.records import write_json
-from vk_provider.domain.containers import ContainerSpec
-from vk_provider.domain.envvar import EnvVar
-from vk_provider.domain.errors import InvalidSpec
-from vk_provider.domain.models import WorkloadSpec
+from vk_provider.sdk import ContainerSpec, EnvVar, InvalidSpec, WorkloadSpec
 
 # Variables the program inherits from the agent; everything else comes from the pod spec.
 _BASE_ENV = ("PATH", "HOME", "LANG")

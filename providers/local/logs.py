@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from vk_provider.domain.models import LogOptions
+from vk_provider.sdk import LogOptions
 
 _FOLLOW_POLL_SECONDS = 0.2
 

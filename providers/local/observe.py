@@ -42,9 +42,8 @@ from providers.local.records import (
     read_text,
     write_json,
 )
-from vk_provider.domain.containers import ContainerState, ContainerStatus
-from vk_provider.domain.containers import Termination as Ended
-from vk_provider.domain.models import Instance, InstanceState
+from vk_provider.sdk import ContainerState, ContainerStatus, Instance, InstanceState
+from vk_provider.sdk import Termination as Ended
 
 log = logging.getLogger(__name__)
 

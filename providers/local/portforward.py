@@ -16,7 +16,7 @@ import contextlib
 from pathlib import Path
 
 from providers.local.layout import container_names, container_spec
-from vk_provider.domain.errors import InvalidSpec, Transient
+from vk_provider.sdk import InvalidSpec, Transient
 
 
 def declared_ports(instance_dir: Path) -> set[int]:

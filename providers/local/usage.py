@@ -23,7 +23,7 @@ from pathlib import Path
 
 from providers.local.layout import container_names, container_process
 from providers.local.processes import is_running
-from vk_provider.domain.containers import ContainerUsage
+from vk_provider.sdk import ContainerUsage
 
 _PROC = Path("/proc")
 _TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")

@@ -30,14 +30,18 @@ from datetime import UTC, datetime
 
 from providers.memory.config import MemoryProviderConfig
 from providers.simulated import simulated_offer
-from vk_provider.domain.containers import ContainerState, ContainerStatus, Termination
-from vk_provider.domain.errors import CapacityUnavailable, NotFound, ProviderError
-from vk_provider.domain.models import (
+from vk_provider.sdk import (
     Capabilities,
+    CapacityUnavailable,
+    ContainerState,
+    ContainerStatus,
     Instance,
     InstanceState,
     LogOptions,
+    NotFound,
     Offer,
+    ProviderError,
+    Termination,
     WorkloadSpec,
 )
 

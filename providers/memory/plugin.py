@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from providers.memory.config import MemoryProviderConfig
-from vk_provider.domain.contract import Provider
-from vk_provider.settings.providers import BuildContext, ProviderType
+from vk_provider.sdk import BuildContext, Provider, ProviderType
 
 
 def build(settings: MemoryProviderConfig, context: BuildContext) -> Provider:

@@ -68,22 +68,20 @@ from providers.modal.sandbox import (
     SandboxRequest,
 )
 from providers.transport import RetryPolicy, log_retries
-from vk_provider.domain.errors import (
+from vk_provider.sdk import (
     AuthFailed,
-    InvalidSpec,
-    NotFound,
-    ProviderError,
-    Transient,
-)
-from vk_provider.domain.models import (
     Capabilities,
+    ConfigError,
     Instance,
+    InvalidSpec,
     LogOptions,
+    NotFound,
     Offer,
+    ProviderError,
+    Redactor,
+    Transient,
     WorkloadSpec,
 )
-from vk_provider.domain.redact import Redactor
-from vk_provider.settings.secrets import ConfigError
 
 log = logging.getLogger(__name__)
 

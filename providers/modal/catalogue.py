@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from providers.modal.config import ModalGpuOffer, ModalProviderConfig
-from vk_provider.domain.models import Offer
-from vk_provider.settings.secrets import ConfigError
+from vk_provider.sdk import ConfigError, Offer
 
 ANY_REGION: Final = "any"
 

@@ -34,7 +34,7 @@ import re
 from typing import Final
 
 from providers.modal.sandbox import SandboxInfo
-from vk_provider.domain.models import InstanceState
+from vk_provider.sdk import InstanceState
 
 TAG_PREFIX: Final = "vk-provider."
 MANAGED_BY_TAG: Final = TAG_PREFIX + "managed-by"

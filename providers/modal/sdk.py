@@ -39,16 +39,16 @@ from typing import Any, Final
 
 from providers.modal.config import ModalProviderConfig
 from providers.modal.sandbox import SandboxInfo, SandboxNameTaken, SandboxRequest
-from vk_provider.domain.errors import (
+from vk_provider.sdk import (
     AuthFailed,
     CapacityUnavailable,
+    ConfigError,
     InvalidSpec,
     NotFound,
     ProviderError,
     RateLimited,
     Transient,
 )
-from vk_provider.settings.secrets import ConfigError
 
 log = logging.getLogger(__name__)
 

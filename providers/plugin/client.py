@@ -33,9 +33,17 @@ from providers.plugin import rpc, wire
 from providers.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 from providers.plugin.config import GrpcProviderConfig
 from providers.plugin.status import from_rpc_error
-from vk_provider.domain.containers import ContainerUsage
-from vk_provider.domain.errors import InvalidSpec, ProviderError, Transient
-from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
+from vk_provider.sdk import (
+    Capabilities,
+    ContainerUsage,
+    Instance,
+    InvalidSpec,
+    LogOptions,
+    Offer,
+    ProviderError,
+    Transient,
+    WorkloadSpec,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -15,8 +15,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from providers.plugin.address import PluginAddress, parse_address
-from vk_provider.settings.providers import ProviderSettings
-from vk_provider.settings.secrets import Strict
+from vk_provider.sdk import ProviderSettings, Strict
 
 
 class PluginTLS(Strict):

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from providers.plugin.config import GrpcProviderConfig
-from vk_provider.domain.contract import Provider
-from vk_provider.settings.providers import BuildContext, ProviderType
+from vk_provider.sdk import BuildContext, Provider, ProviderType
 
 
 def build(settings: GrpcProviderConfig, context: BuildContext) -> Provider:

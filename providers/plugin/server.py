@@ -29,8 +29,14 @@ from providers.plugin import rpc, wire
 from providers.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 from providers.plugin.address import PluginAddress, parse_address
 from providers.plugin.status import to_status
-from vk_provider.domain.contract import Provider, SupportsContainerRestart, SupportsUsage
-from vk_provider.domain.errors import InvalidSpec, ProviderError, Transient
+from vk_provider.sdk import (
+    InvalidSpec,
+    Provider,
+    ProviderError,
+    SupportsContainerRestart,
+    SupportsUsage,
+    Transient,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

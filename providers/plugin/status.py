@@ -32,7 +32,7 @@ from google.protobuf.message import DecodeError
 from google.rpc.status_pb2 import Status
 
 from providers.plugin._gen.vkprovider.v1 import provider_pb2 as pb
-from vk_provider.domain.errors import (
+from vk_provider.sdk import (
     AuthFailed,
     CapacityUnavailable,
     InvalidSpec,

@@ -18,23 +18,21 @@ from datetime import UTC, datetime
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from providers.plugin._gen.vkprovider.v1 import provider_pb2 as pb
-from vk_provider.domain.containers import (
+from vk_provider.sdk import (
+    Capabilities,
     ContainerSpec,
     ContainerState,
     ContainerStatus,
     ContainerUsage,
-    Probe,
-    Termination,
-    VolumeMount,
-)
-from vk_provider.domain.models import (
-    Capabilities,
     EnvVar,
     Instance,
     InstanceState,
     LogOptions,
     Offer,
     Port,
+    Probe,
+    Termination,
+    VolumeMount,
     WorkloadSpec,
 )
 

@@ -1,6 +1,6 @@
 """The RunPod adapter: pods on RunPod's GPU cloud behind ``domain.contract.Provider``.
 
-Three RunPod APIs, each for what it does best (shapes from ``shared/provider-apis``):
+Three RunPod APIs, each for what it does best (shapes from ``tests/fixtures/provider-apis``):
 
 - **Offers and running state: GraphQL** (``config.graphql_url``): ``gpuTypes`` gives every GPU
   type, its prices and its stock in one request (``providers.runpod.offers``); ``myself { pods
@@ -68,21 +68,19 @@ from providers.runpod.pods import (
     with_runtime,
 )
 from providers.transport import RetryPolicy
-from vk_provider.domain.errors import (
-    CapacityUnavailable,
-    InvalidSpec,
-    NotFound,
-    ProviderError,
-)
-from vk_provider.domain.models import (
+from vk_provider.sdk import (
     Capabilities,
+    CapacityUnavailable,
     Instance,
     InstanceState,
+    InvalidSpec,
     LogOptions,
+    NotFound,
     Offer,
+    ProviderError,
+    Redactor,
     WorkloadSpec,
 )
-from vk_provider.domain.redact import Redactor
 
 log = logging.getLogger(__name__)
 

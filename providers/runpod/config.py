@@ -6,12 +6,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from vk_provider.settings.providers import CloudProviderSettings
-from vk_provider.settings.secrets import SecretRef
+from vk_provider.sdk import CloudProviderSettings, SecretRef
 
 
+# The API's shapes: tests/fixtures/provider-apis/runpod-rest-v1-openapi.json (and v2).
 class RunPodProviderConfig(CloudProviderSettings):
-    """RunPod pods through REST v1, offers through GraphQL (shared/provider-apis)."""
+    """RunPod pods through REST v1, offers through GraphQL."""
 
     type: Literal["runpod"]
     api_key: SecretRef = Field(description="API key, by reference (env:VAR or file:/path).")

@@ -19,16 +19,16 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from providers.http import ErrorAnswer
-from vk_provider.domain.errors import (
+from vk_provider.sdk import (
     AuthFailed,
     CapacityUnavailable,
     InvalidSpec,
     NotFound,
     ProviderError,
     RateLimited,
+    Redactor,
     Transient,
 )
-from vk_provider.domain.redact import Redactor
 
 
 class Operation(enum.Enum):

@@ -1,9 +1,9 @@
 """RunPod's GPU type ids: which ones create accepts, and their canonical model names.
 
 ``CREATE_GPU_TYPE_IDS`` is the enum of ``PodCreateInput.gpuTypeIds`` in RunPod's REST v1
-document (``shared/provider-apis/runpod-rest-v1-openapi.json``; a test keeps the two equal): the
-GraphQL offers query lists more types than create accepts, and an offer create would refuse is
-worse than none (``providers.runpod.offers`` drops them).
+document (``tests/fixtures/provider-apis/runpod-rest-v1-openapi.json``; a test keeps the two
+equal): the GraphQL offers query lists more types than create accepts, and an offer create
+would refuse is worse than none (``providers.runpod.offers`` drops them).
 
 Invariants: pure; every input gets a name (unknown types a normalised one), never an error.
 """

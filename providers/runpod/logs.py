@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from vk_provider.domain.models import LogOptions
+from vk_provider.sdk import LogOptions
 
 LOG_TAIL_MAX = 5000  # the v2 logs endpoint's maximum ``tail``
 

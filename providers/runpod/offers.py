@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from providers.payload import MalformedResponse, as_number, string
 from providers.runpod.config import RunPodProviderConfig
 from providers.runpod.gpus import CREATE_GPU_TYPE_IDS, canonical_gpu_name
-from vk_provider.domain.models import Offer
+from vk_provider.sdk import Offer
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,7 @@ from providers.runpod.offers import (
     REGION_ANY,
     Sku,
 )
-from vk_provider.domain.errors import InvalidSpec
-from vk_provider.domain.models import Instance, InstanceState, WorkloadSpec
+from vk_provider.sdk import Instance, InstanceState, InvalidSpec, WorkloadSpec
 
 NAME_PREFIX = "vk-"
 ENV_POD_UID = "VK_POD_UID"

@@ -1,7 +1,7 @@
 """Contract harness for RunPod: the adapter against ``FakeRunPod``, a stateful fake on respx.
 
 ``FakeRunPod`` answers the three APIs the adapter uses, shaped by the published documents in
-``shared/provider-apis`` (``VK_PROVIDER_APIS`` overrides that directory):
+``tests/fixtures/provider-apis``:
 
 - GraphQL ``gpuTypes`` from a small catalogue, reading the aliased ``lowestPrice`` fields out of
   the query the way the server does, and ``myself { pods { id runtime } }`` (a pod's ``runtime``

@@ -122,7 +122,7 @@ async def test_rest_api_authorises_every_route_with_the_viewer_role(
     agents: AgentHarness,
     namespace: str,
 ) -> None:
-    """TokenReview mode: authentication alone is not enough (PRODUCT.md §8)."""
+    """TokenReview mode: authentication alone is not enough (docs/reference.md#rest-api)."""
     core = client.CoreV1Api(kube)
     nobody = await _token(core, namespace, "nobody")
     viewer = await _token(core, namespace, "viewer")

@@ -1,4 +1,4 @@
-"""The whole story of PRODUCT.md §12 against the real components, asserting each promise.
+"""The whole story of docs/overflow.md against the real components, asserting each promise.
 
 A control plane with native gang scheduling; four KWOK nodes x 8 GPUs (the cluster's own,
 ``gpu.pool=own``); kube-state-metrics and Prometheus with the shipped recording rules; the

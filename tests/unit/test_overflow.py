@@ -1,7 +1,7 @@
 """The overflow flip's decision (``domain.overflow``): hysteresis, missing data, the taint.
 
 Sequences of readings are replayed through ``step`` with explicit times; the expected
-transitions are written out here from PRODUCT.md §12, not derived from the module.
+transitions are written out here from docs/overflow.md, not derived from the module.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Placement: ``place()`` checked against an independent brute force, plus annotation parsing.
 
-The brute force below is written from the documented semantics (PRODUCT.md §7, the
-``placement`` module docstring and the ``PlacementPolicy`` fields), not from the module's
+The brute force below is written from the documented semantics (docs/reference.md#placement,
+the ``placement`` module docstring and the ``PlacementPolicy`` fields), not from the module's
 private helpers, so a filter or ranking bug in ``place()`` shows up as a disagreement.
 
 Prices and budget rooms are exact binary fractions, so "price <= room" is decided exactly

@@ -1,4 +1,4 @@
-"""The agent's REST API (PRODUCT.md §8): providers, offers (flat and by GPU), pods, spend,
+"""The REST API (docs/reference.md#rest-api): providers, offers (flat and by GPU), pods, spend,
 overflow, the placement dry run, health and metrics.
 
 ``build_app`` makes a FastAPI application that reads only from an ``AgentView`` (frozen

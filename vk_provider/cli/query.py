@@ -3,7 +3,7 @@
 ``providers``, ``offers``, ``pods``, ``spend``, ``place`` and ``overflow``: each resolves the
 URL and token (a token file wins over ``--token`` and ``VK_PROVIDER_TOKEN``), makes its calls
 through ``RestClient`` and prints ``cli/tables``' tables, or the API's JSON as is (``-o json``).
-Usage errors exit 2, an unreachable or refusing agent 1 (PRODUCT.md §3).
+Usage errors exit 2, an unreachable or refusing agent 1 (docs/reference.md#exit-codes).
 """
 
 from __future__ import annotations

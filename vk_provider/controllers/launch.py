@@ -7,7 +7,7 @@ after a 429, tries its previous offer first), reserving each one's price in the 
 ledger before calling the provider. The outcome is data (``LaunchResult``) that the pod
 controller turns into annotations, status and Events; every failed attempt is listed in it.
 
-Failover rules (PRODUCT.md §7), one per error class:
+Failover rules (docs/reference.md#failover), one per error class:
 
 | error | effect |
 |---|---|

@@ -1,4 +1,5 @@
-"""The placement annotations of PRODUCT.md §6, read from a pod, each error naming its field.
+"""The placement annotations (docs/reference.md#written-by-the-user), read from a pod, each
+error naming its field.
 
 ``vk-provider.io/gpu`` and ``min-gpu-memory`` say what GPU a pod wants; ``max-price``,
 ``regions``, ``providers`` and ``capacity-type`` narrow where it may run.

@@ -1,4 +1,4 @@
-"""The Events the agent writes about pods: reasons (PRODUCT.md §6) and the wording of each.
+"""The Events the agent writes about pods: reasons (docs/reference.md#events) and wording.
 
 Every message says what happened and why, with the numbers behind it (prices, how many
 offers each filter removed, which launches failed), so ``kubectl describe pod`` answers
@@ -18,7 +18,7 @@ from vk_provider.domain.errors import ProviderError
 from vk_provider.domain.models import Offer
 from vk_provider.domain.placement import CapacityType, Penalties, Placement, PlacementRequest
 
-# Reasons (PRODUCT.md §6).
+# Reasons (docs/reference.md#events).
 PROVIDER_SELECTED = "ProviderSelected"
 NO_CAPACITY = "NoCapacity"
 BUDGET_EXCEEDED = "BudgetExceeded"

@@ -170,7 +170,8 @@ def build_node(name: str, labels: Mapping[str, str], taints: list[JSON]) -> JSON
 
 
 # The labels GPU feature discovery puts on GPU nodes, and ours per offered model, so that
-# node affinities on GPU models work against the virtual node (PRODUCT.md §12).
+# node affinities on GPU models work against the virtual node
+# (docs/overflow.md#pods-with-nowhere-to-go).
 # The virtual node's taint (every virtual kubelet's key), the overflow flip's by default too;
 # spelled here only.
 VIRTUAL_NODE_TAINT_KEY = "virtual-kubelet.io/provider"

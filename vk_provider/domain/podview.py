@@ -8,9 +8,9 @@ need the whole pod (translation into a workload, writing status back): it is kep
 JSON (``encoded``, about a third of the memory of the decoded dicts, which matters with
 10,000 pods) and decoded on each access, so every caller gets a copy of its own.
 
-Also here: the annotation names of PRODUCT.md §6, the container state value types
-(``Waiting``, ``Running``, ``Terminated``), and ``PodPlacement``, the read-only summary of a
-placed pod for the REST API and the metrics.
+Also here: the annotation names (docs/reference.md#annotations), the container state value
+types (``Waiting``, ``Running``, ``Terminated``), and ``PodPlacement``, the read-only summary
+of a placed pod for the REST API and the metrics.
 
 Invariants:
 - Pure; parsing never raises on a malformed pod: a missing or ill-typed field reads as empty
@@ -30,7 +30,8 @@ JSON = dict[str, Any]
 PodKey = tuple[str, str]  # (namespace, name)
 
 ANNOTATION_PREFIX = "vk-provider.io/"
-# Annotations the agent writes (PRODUCT.md §6); together they make a pod restart-safe.
+# Annotations the agent writes (docs/reference.md#written-by-the-agent); they make a pod
+# restart-safe together.
 ANN_PROVIDER = ANNOTATION_PREFIX + "provider"
 ANN_INSTANCE = ANNOTATION_PREFIX + "instance-id"
 ANN_OFFER = ANNOTATION_PREFIX + "offer"
@@ -38,7 +39,7 @@ ANN_PRICE = ANNOTATION_PREFIX + "price-per-hour"
 ANN_PLACEMENT = ANNOTATION_PREFIX + "placement"  # why it runs there (ProviderSelected, kept)
 # The provider as a label too, so `kubectl get pods -l vk-provider.io/provider=x` works.
 LABEL_PROVIDER = ANN_PROVIDER
-# Annotations the user writes (PRODUCT.md §6).
+# Annotations the user writes (docs/reference.md#written-by-the-user).
 ANN_GPU = ANNOTATION_PREFIX + "gpu"
 ANN_MIN_GPU_MEMORY = ANNOTATION_PREFIX + "min-gpu-memory"
 ANN_MAX_PRICE = ANNOTATION_PREFIX + "max-price"

@@ -5,8 +5,9 @@ ConfigMaps it references (fetched by the caller; ``env.references`` says which).
 what a provider launches (``WorkloadSpec``: every app container, the init containers in order,
 native sidecars among them, each with its environment and probes) and what placement filters
 offers by (``PlacementRequest``: the pod's effective resources, its shape, the annotations of
-PRODUCT.md §6). Anything the virtual node can never honour is refused with ``InvalidPodSpec``
-naming the pod field at fault (``podspec``); the environment follows kubelet (``env``).
+docs/reference.md#annotations). Anything the virtual node can never honour is refused with
+``InvalidPodSpec`` naming the pod field at fault (``podspec``); the environment follows
+kubelet (``env``).
 
 Effective resources follow kubelet: the larger of the app containers' and sidecars' sum and
 the largest plain init container (init containers run one at a time, before the app).

@@ -1,4 +1,5 @@
-"""Kubernetes Events about pods (and the virtual node), with the reasons of PRODUCT.md §6.
+"""Kubernetes Events about pods (and the virtual node), with the reasons of
+docs/reference.md#events.
 
 Every Event goes through client-go's correlation first (``domain.eventcorrelator``): a spam
 filter per object (25 at once, then one per five minutes), aggregation of similar Events

@@ -279,7 +279,7 @@ class AgentConfig(Strict):
     )
     overflow: OverflowConfig = Field(
         default_factory=OverflowConfig,
-        description="The overflow flip (PRODUCT.md §12): the node takes the cluster's overflow "
+        description="The overflow flip (docs/overflow.md): the node takes the cluster's overflow "
         "while its own GPUs are full.",
     )
     leader_election: LeaderElectionConfig = Field(

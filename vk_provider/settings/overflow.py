@@ -1,4 +1,4 @@
-"""Configuration of the overflow flip (``overflow:``, PRODUCT.md §12).
+"""Configuration of the overflow flip (``overflow:``, docs/overflow.md#configuration).
 
 The flip opens the virtual node to the cluster's overflow while its own GPUs are full and
 closes it when they are free again, reading both from Prometheus. Off unless

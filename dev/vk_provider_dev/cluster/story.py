@@ -1,4 +1,4 @@
-"""`vk-provider demo`: the overflow story (PRODUCT.md §12), told on this machine.
+"""`vk-provider demo`: the overflow story (docs/overflow.md), told on this machine.
 
 1. A local control plane with native gang scheduling; four KWOK nodes x 8 GPUs are the
    cluster's own GPUs; kube-state-metrics and Prometheus give the flip its signal; the

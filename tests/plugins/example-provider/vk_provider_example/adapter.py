@@ -3,12 +3,13 @@
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-from vk_provider.domain.errors import CapacityUnavailable, NotFound
-from vk_provider.domain.models import (
+from vk_provider.sdk import (
     Capabilities,
+    CapacityUnavailable,
     Instance,
     InstanceState,
     LogOptions,
+    NotFound,
     Offer,
     WorkloadSpec,
 )

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from vk_provider.settings.providers import ProviderSettings
+from vk_provider.sdk import ProviderSettings
 
 
 class ExampleSettings(ProviderSettings):

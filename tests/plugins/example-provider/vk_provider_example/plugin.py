@@ -1,7 +1,6 @@
 """What the agent's registry loads through the entry point: the type, its settings, a factory."""
 
-from vk_provider.domain.contract import Provider
-from vk_provider.settings.providers import BuildContext, ProviderType
+from vk_provider.sdk import BuildContext, Provider, ProviderType
 from vk_provider_example.adapter import ExampleProvider
 from vk_provider_example.config import ExampleSettings
 
