@@ -110,13 +110,23 @@ async def test_a_whole_pod_runs_on_local_and_is_routed_away_from_a_single_contai
     assert "running" in inits["proxy"]["state"] and inits["proxy"]["ready"] is True
     for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready"):
         assert _condition(pod, kind) == "True", kind
-    events = [e for e in await _events(kube, namespace) if e.involved_object.name == "infer"]
+    # Events are written by the recorder's own senders, after the status that shows the
+    # containers running: wait for them rather than read them at once.
+    expected = [f"Started container {n}" for n in ("fetch-weights", "main", "metrics", "proxy")]
+
+    async def all_started() -> list[Any] | None:
+        found = [e for e in await _events(kube, namespace) if e.involved_object.name == "infer"]
+        started = sorted(e.message for e in found if e.reason == "Started")
+        return found if started == expected else None
+
+    try:
+        events = await wait_for(all_started, timeout=60, what="a Started Event per container")
+    except BaseException:
+        found = [e for e in await _events(kube, namespace) if e.involved_object.name == "infer"]
+        print("Events of infer:", [(e.reason, e.message) for e in found])
+        raise
     selected = [e for e in events if e.reason == "ProviderSelected"]
     assert selected and "skipped provider(s) mem" in selected[0].message
-    started = sorted(e.message for e in events if e.reason == "Started")
-    assert started == [
-        f"Started container {n}" for n in ("fetch-weights", "main", "metrics", "proxy")
-    ]
 
     # The app read what the init container wrote: it ran first.
     logs = _kubectl(agent.kubeconfig, "logs", "-n", namespace, "infer", "-c", "main")
