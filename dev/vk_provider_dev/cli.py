@@ -43,6 +43,19 @@ NAME_OPTION = typer.Option(
 T = TypeVar("T")
 
 
+def _stopped_by_signals() -> threading.Event:
+    """An event set by Ctrl-C, a kill or the terminal going away: what runs until it is set
+    stops everything it started."""
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    return stop
+
+
 def _with_progress(first: str, work: Callable[[BuildProgress], T]) -> T:
     """Run ``work(progress)`` showing its progress.
 
@@ -241,13 +254,7 @@ def cluster_flip_components(
     cluster = LocalCluster(name)
     if not cluster.status().healthy:
         raise _fail(f"cluster {name!r} is not up: run `vk-provider cluster up --name {name}`")
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+    stop = _stopped_by_signals()
     try:
         tools = obtain_flip_tools()
         directory = cluster.directory / "flip"
@@ -295,14 +302,7 @@ def demo(
     from vk_provider_dev.cluster.demo import run_demo
     from vk_provider_dev.cluster.story import StoryOptions, run_story
 
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    # Ctrl-C, a kill, or the terminal going away: everything the demo started is stopped.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
+    stop = _stopped_by_signals()
     try:
         binaries = obtain_binaries()
         if short:
