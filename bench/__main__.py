@@ -39,13 +39,13 @@ from typing import Any
 
 import httpx
 import yaml
-from vk_provider_dev.cluster.binaries import ensure_binaries
-from vk_provider_dev.cluster.cluster import LocalCluster
 
 from bench import agentproc, runs
 from bench.kube import Endpoint, check, node_manifest, watch_pods
-from providers.local.faults import inject_loss
-from providers.local.launch import PACKAGE_ROOT, runner_command
+from vk_provider_adapters.local.faults import inject_loss
+from vk_provider_adapters.local.launch import PACKAGE_ROOT, runner_command
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 SLEEP = ["sleep", "100000"]
 CPU_OFFER = {"sku": "cpu", "gpu_count": 0, "vcpus": 4, "memory_gib": 8}
@@ -407,7 +407,7 @@ async def measure_on(cluster: LocalCluster, args: argparse.Namespace, root: Path
         ratio = placement.speedup(repeats=3)
         bench.row("place() vs single-pass baseline (500 offers)", f"{ratio:.2f}x decisions/s")
         launched = [*runner_command(Path("x"), startup_seconds=0)[:4], "--help"]
-        plain = [sys.executable, "-m", "providers.local.runner", "--help"]
+        plain = [sys.executable, "-m", "vk_provider_adapters.local.runner", "--help"]
         bench.row(
             "local runner start, as launched (-S)",
             f"{runner_start_seconds(launched) * 1000:.0f} ms",

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import yaml
 
-from providers.local.processes import kill_local_processes
+from vk_provider_adapters.local.processes import kill_local_processes
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.api_client import ApiClient
-from vk_provider_dev.cluster.binaries import ensure_binaries
-from vk_provider_dev.cluster.cluster import LocalCluster
 
 from tests.helpers import wait_for
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from vk_provider_dev.cluster.pki import CertPair, ClusterPKI, ensure_pki, issue_certificate
 
 START_SECONDS = 60.0  # a loaded 2-core machine imports the CLI slowly

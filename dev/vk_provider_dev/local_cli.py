@@ -1,7 +1,7 @@
 """`vk-provider local ...`: steer the `local` provider by hand (development, the demo).
 
 Faults are overrides in the provider's state directory, read by the running agent on every
-call (``providers.local.faults``), so they take effect at once and without a restart:
+call (``vk_provider_adapters.local.faults``), so they take effect at once and without a restart:
 
     vk-provider local faults DIR --fail-creates 3 --create-error capacity
     vk-provider local faults DIR --call-failure-rate 0.3      # a flaky cloud
@@ -21,10 +21,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from providers.local.adapter import LocalProvider
-from providers.local.config import LocalProviderConfig
-from providers.local.faults import clear_faults, inject_loss, set_faults
 from vk_provider.cli.tables import print_table
+from vk_provider_adapters.local.adapter import LocalProvider
+from vk_provider_adapters.local.config import LocalProviderConfig
+from vk_provider_adapters.local.faults import clear_faults, inject_loss, set_faults
 
 local_app = typer.Typer(
     help="Steer the local provider by hand: inject and clear faults, lose instances.",

@@ -13,13 +13,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from providers.local.faults import set_faults
-from providers.plugin.client import GrpcProvider
-from providers.plugin.config import GrpcProviderConfig
 from tests.contract.harness import FailureKind
 from tests.contract.harness_local import LocalHarness
 from tests.plugin_process import PluginProcess, TLSMaterial, local_entry, tls_material
 from vk_provider.domain.contract import Provider
+from vk_provider_adapters.local.faults import set_faults
+from vk_provider_adapters.plugin.client import GrpcProvider
+from vk_provider_adapters.plugin.config import GrpcProviderConfig
 
 OFFERS = [{"sku": "cpu", "price_per_hour": 0.1, "capacity": 8}]
 

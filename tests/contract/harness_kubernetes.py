@@ -41,17 +41,17 @@ from typing import Any, Literal
 
 import httpx
 import yaml
-from vk_provider_dev.cluster.binaries import ensure_binaries
-from vk_provider_dev.cluster.cluster import LocalCluster
 
-from providers.kubernetes.adapter import DEFAULT_RETRY, KubernetesProvider
-from providers.kubernetes.config import KubernetesProviderConfig
-from providers.kubernetes.kubeconfig import build_transport, load_kubeconfig
-from providers.kubernetes.offers import FALLBACK_REGION, Shape
 from tests.contract.harness import FailureKind
 from vk_provider.domain.containers import ContainerSpec, Probe
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.models import InstanceState, Offer, Port, WorkloadSpec
+from vk_provider_adapters.kubernetes.adapter import DEFAULT_RETRY, KubernetesProvider
+from vk_provider_adapters.kubernetes.config import KubernetesProviderConfig
+from vk_provider_adapters.kubernetes.kubeconfig import build_transport, load_kubeconfig
+from vk_provider_adapters.kubernetes.offers import FALLBACK_REGION, Shape
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 SERVICE_ACCOUNT = "vk-agent"
 CLUSTER_ROLE = "vk-provider-remote"

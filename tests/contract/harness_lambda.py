@@ -11,8 +11,8 @@ API's real error shapes (and malformed bodies) for the next calls of one endpoin
 ``FakeClock`` is simulated time for the adapter's rate limiter and retries: ``sleep``
 advances the clock instead of waiting, so a 12 s launch spacing costs nothing.
 
-``FakeVms`` is the adapter's SSH seam (``providers.lambda_cloud.ssh.VmShell``) in memory: what
-each VM's probe reports (by default: the container runs) and what its logs hold. The real SSH
+``FakeVms`` is the adapter's SSH seam (``vk_provider_adapters.lambda_cloud.ssh.VmShell``) in memory:
+what each VM's probe reports (by default: the container runs) and what its logs hold. The real SSH
 path runs against a real OpenSSH server in ``tests/unit/test_lambda_ssh.py``.
 
 The unit tests of the adapter (``tests/unit/test_lambda_cloud.py``) use the same fake.
@@ -39,16 +39,16 @@ from openapi_core.datatypes import RequestParameters
 from openapi_core.testing import MockResponse
 from werkzeug.datastructures import Headers, ImmutableMultiDict
 
-from providers.lambda_cloud.adapter import LambdaCloudProvider
-from providers.lambda_cloud.config import LambdaProviderConfig
-from providers.lambda_cloud.remote import ContainerReport, ContainerState, VmReport
-from providers.lambda_cloud.ssh import VmTarget
-from providers.transport import RetryPolicy
 from tests.contract.harness import FailureKind
 from tests.fixtures import PROVIDER_APIS
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import NotFound
 from vk_provider.domain.models import InstanceState, LogOptions, Offer, WorkloadSpec
+from vk_provider_adapters.lambda_cloud.adapter import LambdaCloudProvider
+from vk_provider_adapters.lambda_cloud.config import LambdaProviderConfig
+from vk_provider_adapters.lambda_cloud.remote import ContainerReport, ContainerState, VmReport
+from vk_provider_adapters.lambda_cloud.ssh import VmTarget
+from vk_provider_adapters.transport import RetryPolicy
 
 BASE_URL = "https://cloud.lambda.ai/api/v1"
 API_KEY = "secret_vkprovider-test-key_0123456789abcdef"

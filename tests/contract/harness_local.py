@@ -9,12 +9,12 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal
 
-from providers.local.adapter import LocalProvider
-from providers.local.config import LocalProviderConfig
-from providers.local.faults import inject_loss, set_faults
 from tests.contract.harness import FailureKind
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
+from vk_provider_adapters.local.adapter import LocalProvider
+from vk_provider_adapters.local.config import LocalProviderConfig
+from vk_provider_adapters.local.faults import inject_loss, set_faults
 
 
 class LocalHarness:

@@ -2,7 +2,8 @@
 
 Modal's native states are what ``poll()`` reports (None while running, else the exit code, 124
 after a timeout, 137 after a termination); failures are the fake raising what the real client
-(``providers.modal.sdk.translate_error``) makes of Modal's exceptions. Retries wait nothing.
+(``vk_provider_adapters.modal.sdk.translate_error``) makes of Modal's exceptions. Retries wait
+nothing.
 """
 
 from __future__ import annotations
@@ -11,10 +12,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Literal
 
-from providers.modal.adapter import ModalProvider
-from providers.modal.config import ModalProviderConfig
-from providers.modal.identity import MANAGED_BY_TAG, POD_UID_TAG
-from providers.transport import RetryPolicy
 from tests.contract.harness import FailureKind
 from tests.unit.fake_modal import FakeSandboxClient
 from vk_provider.domain.contract import Provider
@@ -27,6 +24,10 @@ from vk_provider.domain.errors import (
     Transient,
 )
 from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
+from vk_provider_adapters.modal.adapter import ModalProvider
+from vk_provider_adapters.modal.config import ModalProviderConfig
+from vk_provider_adapters.modal.identity import MANAGED_BY_TAG, POD_UID_TAG
+from vk_provider_adapters.transport import RetryPolicy
 
 # Enough failures to outlast every retry of one call.
 _PERSISTENT = 100

@@ -34,13 +34,13 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from providers.runpod.adapter import RunPodProvider
-from providers.runpod.config import RunPodProviderConfig
-from providers.transport import RetryPolicy
 from tests.contract.harness import FailureKind
 from tests.fixtures import PROVIDER_APIS
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
+from vk_provider_adapters.runpod.adapter import RunPodProvider
+from vk_provider_adapters.runpod.config import RunPodProviderConfig
+from vk_provider_adapters.transport import RetryPolicy
 
 REST_URL = "https://rest.runpod.test/v1"
 GRAPHQL_URL = "https://api.runpod.test/graphql"

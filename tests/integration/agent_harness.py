@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from vk_provider_dev.cluster.cluster import LocalCluster
 
-from providers.local.adapter import LocalProvider
-from providers.local.config import LocalProviderConfig
-from providers.local.faults import clear_faults
-from providers.local.processes import kill_local_processes
+from vk_provider_adapters.local.adapter import LocalProvider
+from vk_provider_adapters.local.config import LocalProviderConfig
+from vk_provider_adapters.local.faults import clear_faults
+from vk_provider_adapters.local.processes import kill_local_processes
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Exists"}
 REST_TOKEN = "test-rest-token"

@@ -10,9 +10,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from vk_provider_dev.cluster.binaries import ensure_binaries
-from vk_provider_dev.cluster.cluster import LocalCluster
-from vk_provider_dev.cluster.flags import GANG_SCHEDULING
 
 from tests.integration.agent_harness import AgentHarness
 
@@ -21,6 +18,9 @@ from tests.integration.agent_harness import AgentHarness
 # network namespace name per session).
 from tests.integration.kubelet_node import kubectl, metrics, node_link
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.flags import GANG_SCHEDULING
 
 
 @pytest.fixture(scope="module")

@@ -24,13 +24,13 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+
+from tests.helpers import wait_for
+from tests.integration.agent_harness import AgentHarness, AgentProcess
 from vk_provider_dev.cluster import netns
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.metrics_server import MetricsServer, ensure_metrics_server
 from vk_provider_dev.cluster.pki import CertPair, issue_certificate
-
-from tests.helpers import wait_for
-from tests.integration.agent_harness import AgentHarness, AgentProcess
 
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
 

@@ -22,7 +22,6 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
-from providers.local.faults import inject_loss
 from tests.helpers import wait_for
 from tests.integration.agent_harness import (
     TOLERATION,
@@ -32,6 +31,7 @@ from tests.integration.agent_harness import (
     pod_on,
 )
 from vk_provider.kube.client import KubeClient
+from vk_provider_adapters.local.faults import inject_loss
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -147,7 +147,10 @@ async def test_a_running_agent_imports_nothing_of_the_dev_tooling(
     agent = agents.start(env={"PYTHONPROFILEIMPORTTIME": "1"})
     await _ready_node(api, agent)
     imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)$", agent.log_text(), re.M))
-    assert {"vk_provider.runtime.agent", "providers.local.adapter"} <= imported  # it sees them
+    assert {
+        "vk_provider.runtime.agent",
+        "vk_provider_adapters.local.adapter",
+    } <= imported  # it sees them
     assert sorted(m for m in imported if m.split(".")[0] == "vk_provider_dev") == []
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from vk_provider_dev.cluster.cluster import LocalCluster
 
 from bench import __main__ as bench_main
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -29,8 +29,6 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
-from vk_provider_dev.cluster.cluster import LocalCluster
-from vk_provider_dev.cluster.helm import HELM, ensure_helm
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import (
@@ -40,6 +38,8 @@ from tests.integration.agent_harness import (
     pod_on,
 )
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.helm import HELM, ensure_helm
 
 pytestmark = pytest.mark.integration
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "vk-provider"

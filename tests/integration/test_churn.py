@@ -29,10 +29,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
-from vk_provider_dev.cluster.binaries import ensure_binaries
-from vk_provider_dev.cluster.cluster import LocalCluster
 
-from providers.local.faults import inject_instance, inject_loss, set_faults
 from tests.helpers import wait_for
 from tests.integration.agent_harness import TOLERATION, AgentHarness, AgentProcess, local_providers
 from tests.integration.deletions import (
@@ -45,6 +42,9 @@ from tests.integration.deletions import (
 )
 from vk_provider.domain.models import InstanceState
 from vk_provider.kube.client import KubeClient
+from vk_provider_adapters.local.faults import inject_instance, inject_loss, set_faults
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from vk_provider_dev.cluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration

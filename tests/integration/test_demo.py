@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vk_provider_dev.cluster.cluster import LocalCluster
 
 from tests.helpers import wait_for
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ async def test_demo_places_the_workload_cheapest_first_and_cleans_up(tmp_path: P
     assert [pid for pid in process_pids if _alive(pid)] == []
     assert not cluster.directory.exists()
     leftovers = subprocess.run(
-        ["pgrep", "-af", "providers.local.(runner|spawner)"],
+        ["pgrep", "-af", "vk_provider_adapters.local.(runner|spawner)"],
         capture_output=True,
         text=True,
         check=False,

@@ -13,11 +13,11 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
-from vk_provider_dev.cluster.cluster import LocalCluster
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, pod_on
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

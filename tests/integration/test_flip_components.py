@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import wait_until
 from vk_provider_dev.cluster.binaries import ensure_binaries
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.flags import GANG_SCHEDULING
@@ -31,8 +33,6 @@ from vk_provider_dev.cluster.flip.descheduler import OVERFLOW_TAINT, PLUGIN
 from vk_provider_dev.cluster.flip.kwok import node_ready
 from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
 from vk_provider_dev.cluster.flip.tools import ensure_flip_tools
-
-from tests.helpers import wait_until
 
 pytestmark = pytest.mark.integration
 KUBECTL = str(Path(sys.executable).parent / "kubectl")

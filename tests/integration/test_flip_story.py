@@ -34,13 +34,13 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
-from vk_provider_dev.cluster.cluster import LocalCluster
-from vk_provider_dev.cluster.flip import workloads as w
-from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.flip import workloads as w
+from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 PY = sys.executable

@@ -23,8 +23,6 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
-from providers.local.adapter import LocalProvider
-from providers.local.config import LocalProviderConfig
 from tests.helpers import wait_for
 from tests.integration.agent_harness import (
     DEFAULT_OFFERS,
@@ -36,6 +34,8 @@ from tests.integration.agent_harness import (
 )
 from tests.plugin_process import PluginProcess, local_entry
 from vk_provider.kube.client import KubeClient
+from vk_provider_adapters.local.adapter import LocalProvider
+from vk_provider_adapters.local.config import LocalProviderConfig
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

@@ -23,15 +23,15 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
-from vk_provider_dev.cluster import netns
-from vk_provider_dev.cluster.cluster import LocalCluster
-from vk_provider_dev.cluster.metrics_server import MetricsServer
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import DEFAULT_OFFERS, AgentHarness, AgentProcess, pod_on
 from tests.integration.kubelet_node import Commands, assert_port_forward, start_agent_on
 from tests.integration.test_agent import _phase, _ready_node
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster import netns
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.metrics_server import MetricsServer
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

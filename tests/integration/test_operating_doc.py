@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vk_provider_dev.cluster.binaries import ensure_binaries
-from vk_provider_dev.cluster.cluster import LocalCluster, free_ports
 
 from tests.integration.agent_harness import reap_runners
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster, free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -19,11 +19,11 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
-from vk_provider_dev.cluster.demo import SIMULATED_PROVIDERS, shell_command
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import REST_TOKEN, AgentHarness, AgentProcess, pod_on
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster.demo import SIMULATED_PROVIDERS, shell_command
 
 pytestmark = pytest.mark.integration
 SLEEP = [sys.executable, "-c", "import time; time.sleep(3600)"]

@@ -18,8 +18,6 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
-from providers.memory.adapter import MemoryProvider
-from providers.memory.config import MemoryProviderConfig
 from tests.helpers import wait_for
 from vk_provider.controllers.node import NodeController
 from vk_provider.controllers.offers import OfferBook
@@ -30,6 +28,8 @@ from vk_provider.domain.overflow import OverflowPolicy, OverflowState, Reading
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
 from vk_provider.settings.agent import IntervalsConfig, NodeConfig
+from vk_provider_adapters.memory.adapter import MemoryProvider
+from vk_provider_adapters.memory.config import MemoryProviderConfig
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
-from providers.local.faults import set_faults
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, pod_on
 from vk_provider.kube.client import KubeClient
+from vk_provider_adapters.local.faults import set_faults
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

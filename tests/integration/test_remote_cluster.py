@@ -34,16 +34,16 @@ import pytest
 import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.api_client import ApiClient
-from vk_provider_dev.cluster import netns
-from vk_provider_dev.cluster.binaries import ensure_binaries
-from vk_provider_dev.cluster.cluster import LocalCluster
-from vk_provider_dev.cluster.metrics_server import MetricsServer, ensure_metrics_server
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers, pod_on
 from tests.integration.kubelet_node import Commands, assert_port_forward, start_agent_on
 from tests.integration.test_kubelet_endpoints import read_until
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster import netns
+from vk_provider_dev.cluster.binaries import ensure_binaries
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.metrics_server import MetricsServer, ensure_metrics_server
 
 pytestmark = pytest.mark.integration
 PY = sys.executable

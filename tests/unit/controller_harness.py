@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from providers.memory.adapter import MemoryProvider
-from providers.memory.config import MemoryProviderConfig
 from tests.unit.fake_kube import FakeKube
 from vk_provider.api.metrics import Metrics
 from vk_provider.api.view import AgentView, Readiness
@@ -34,6 +32,8 @@ from vk_provider.domain.reconcile import TerminationPolicy
 from vk_provider.kube.events import EventRecorder
 from vk_provider.runtime.agent import health_of
 from vk_provider.settings.agent import IntervalsConfig, PlacementConfig
+from vk_provider_adapters.memory.adapter import MemoryProvider
+from vk_provider_adapters.memory.config import MemoryProviderConfig
 
 EPOCH = datetime(2026, 12, 1, tzinfo=UTC)
 NODE = "vk-test"

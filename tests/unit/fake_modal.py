@@ -1,4 +1,5 @@
-"""An in-memory fake of ``providers.modal.sandbox.SandboxClient``, behaving as Modal does.
+"""An in-memory fake of ``vk_provider_adapters.modal.sandbox.SandboxClient``, behaving as Modal
+does.
 
 What it keeps faithful to Modal (``modal/sandbox.py``):
 - Names are unique among the app's *running* sandboxes (``SandboxNameTaken``); a finished
@@ -25,8 +26,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from providers.modal.sandbox import SandboxInfo, SandboxNameTaken, SandboxRequest
 from vk_provider.domain.errors import InvalidSpec, NotFound
+from vk_provider_adapters.modal.sandbox import SandboxInfo, SandboxNameTaken, SandboxRequest
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _TAG = re.compile(r"[A-Za-z0-9._-]{1,63}")

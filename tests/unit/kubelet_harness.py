@@ -14,12 +14,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from vk_provider_dev.cluster.pki import CertPair, ClusterPKI, ensure_pki, issue_certificate
 
 from vk_provider.api.authn import RequestAttributes, UserInfo
 from vk_provider.api.kubelet import KubeletApiServer, KubeletSources
 from vk_provider.api.tls import build_server_ssl_context
 from vk_provider.domain.models import LogOptions
+from vk_provider_dev.cluster.pki import CertPair, ClusterPKI, ensure_pki, issue_certificate
 
 NODE = "vk-node"
 SECRET_TOKEN = "s3cret-token-never-logged"

@@ -21,9 +21,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from providers.memory.adapter import MemoryProvider
-from providers.runpod.adapter import RunPodProvider
-from providers.transport import RetryPolicy
 from tests.contract.harness_runpod import FakeRunPod, make_config
 from tests.unit import canary
 from tests.unit.controller_harness import Core, gpu_offer, memory_provider, pod_manifest
@@ -31,6 +28,9 @@ from vk_provider.api.rest import build_app
 from vk_provider.api.rest_auth import StaticTokenAuth
 from vk_provider.domain.errors import CapacityUnavailable
 from vk_provider.domain.models import Instance, Offer, WorkloadSpec
+from vk_provider_adapters.memory.adapter import MemoryProvider
+from vk_provider_adapters.runpod.adapter import RunPodProvider
+from vk_provider_adapters.transport import RetryPolicy
 
 pytestmark = pytest.mark.looptime
 

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+
 from vk_provider_dev.cluster import binaries as b
 from vk_provider_dev.cluster.errors import ClusterError
 

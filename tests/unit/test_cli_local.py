@@ -6,11 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from providers.local.adapter import LocalProvider
-from providers.local.config import LocalProviderConfig
-from providers.local.faults import inject_instance, read_fault_overrides
 from tests.integration.agent_harness import reap_runners
 from vk_provider.domain.models import InstanceState
+from vk_provider_adapters.local.adapter import LocalProvider
+from vk_provider_adapters.local.config import LocalProviderConfig
+from vk_provider_adapters.local.faults import inject_instance, read_fault_overrides
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -23,8 +23,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from providers import sealed_env
-from providers.cloud_init import (
+from tests.helpers import wait_until
+from tests.unit import canary
+from vk_provider.domain.errors import InvalidSpec
+from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
+from vk_provider_adapters import sealed_env
+from vk_provider_adapters.cloud_init import (
     ENV_FILE,
     MAX_USER_DATA_BYTES,
     RUN_SCRIPT,
@@ -37,17 +41,13 @@ from providers.cloud_init import (
     build_user_data,
     container_dir,
 )
-from providers.docker_run import (
+from vk_provider_adapters.docker_run import (
     container_argv,
     container_name_for,
     pod_containers,
     sandbox_argv,
     sandbox_name_for,
 )
-from tests.helpers import wait_until
-from tests.unit import canary
-from vk_provider.domain.errors import InvalidSpec
-from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
 
 HOSTILE = (
     "it's",

@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
+
 from vk_provider_dev.cluster.cluster import LocalCluster, validate_name
 from vk_provider_dev.cluster.components import ClusterPorts
 from vk_provider_dev.cluster.errors import ClusterError

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from vk_provider_dev.cluster.demo import shell_command
 
 BIN = Path(sys.executable).parent

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
 from vk_provider_dev.cluster import flags as f
 from vk_provider_dev.cluster.cluster import free_ports
 from vk_provider_dev.cluster.errors import ClusterError

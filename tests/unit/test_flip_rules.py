@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from vk_provider_dev.cluster.flip.deployfiles import FLIP_RULES, FLIP_RULES_TEST, deploy_file
 from vk_provider_dev.cluster.flip.tools import ensure_prometheus
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import httpx
 import pytest
 from cryptography import x509
-from vk_provider_dev.cluster.pki import ClusterPKI, ensure_pki
 
 from tests.unit.kubelet_harness import (
     NODE,
@@ -38,6 +37,7 @@ from vk_provider.api.kubelet import (
 )
 from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certificate
 from vk_provider.domain.models import LogOptions
+from vk_provider_dev.cluster.pki import ClusterPKI, ensure_pki
 
 __all__ = ["pki", "start_server"]  # fixtures, used by name
 

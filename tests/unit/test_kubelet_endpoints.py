@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from vk_provider_dev.cluster.pki import ClusterPKI
 
 from tests.unit.kubelet_harness import NODE, StartServer, pki, start_server
 from vk_provider.api.kubelet import KubeletSources
@@ -41,6 +40,7 @@ from vk_provider.domain.models import (
     Offer,
     WorkloadSpec,
 )
+from vk_provider_dev.cluster.pki import ClusterPKI
 
 __all__ = ["pki", "start_server"]
 

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
-from vk_provider_dev.cluster.pki import ClusterPKI
 
 from tests.unit.kubelet_harness import StartServer, client_context, pki, start_server
 from tests.unit.spdy_client import SpdyClient
@@ -24,6 +23,7 @@ from vk_provider.api.kubelet import KubeletSources
 from vk_provider.api.streaming import ContainerRef, StreamingRefused
 from vk_provider.domain.contract import ExecSession, PortStream
 from vk_provider.domain.errors import InvalidSpec
+from vk_provider_dev.cluster.pki import ClusterPKI
 
 __all__ = ["pki", "start_server"]
 

@@ -30,39 +30,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from providers.kubernetes import states
-from providers.kubernetes.adapter import DEFAULT_RETRY, KubernetesProvider
-from providers.kubernetes.config import KubernetesProviderConfig
-from providers.kubernetes.failures import ApiFailure, Call, api_failure, classify_failure
-from providers.kubernetes.kubeconfig import KubeconfigError, load_kubeconfig
-from providers.kubernetes.logs import LineSplitter, log_params
-from providers.kubernetes.manifests import build_pod, build_secret
-from providers.kubernetes.names import (
-    ANN_ATTEMPT,
-    ANN_OFFER,
-    ANN_POD_UID,
-    ANN_PRICE,
-    LABEL_ATTEMPT,
-    LABEL_MANAGED_BY,
-    LABEL_POD_UID,
-    label_value,
-    pod_name,
-    secret_keys,
-)
-from providers.kubernetes.offers import (
-    GPU_RESOURCE,
-    REGION_LABEL,
-    NodeCapacity,
-    OfferScope,
-    Resources,
-    Shape,
-    node_capacities,
-    plan_offers,
-    pod_requests,
-    read_quantity,
-)
-from providers.kubernetes.states import observe, parse_instance
-from providers.payload import MalformedResponse
 from tests.unit import canary
 from vk_provider.domain.breaker import counts_as_failure
 from vk_provider.domain.containers import ContainerSpec, ContainerState, Probe
@@ -79,6 +46,39 @@ from vk_provider.domain.errors import (
 from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, Port, WorkloadSpec
 from vk_provider.domain.redact import Redactor
 from vk_provider.settings.secrets import ConfigError
+from vk_provider_adapters.kubernetes import states
+from vk_provider_adapters.kubernetes.adapter import DEFAULT_RETRY, KubernetesProvider
+from vk_provider_adapters.kubernetes.config import KubernetesProviderConfig
+from vk_provider_adapters.kubernetes.failures import ApiFailure, Call, api_failure, classify_failure
+from vk_provider_adapters.kubernetes.kubeconfig import KubeconfigError, load_kubeconfig
+from vk_provider_adapters.kubernetes.logs import LineSplitter, log_params
+from vk_provider_adapters.kubernetes.manifests import build_pod, build_secret
+from vk_provider_adapters.kubernetes.names import (
+    ANN_ATTEMPT,
+    ANN_OFFER,
+    ANN_POD_UID,
+    ANN_PRICE,
+    LABEL_ATTEMPT,
+    LABEL_MANAGED_BY,
+    LABEL_POD_UID,
+    label_value,
+    pod_name,
+    secret_keys,
+)
+from vk_provider_adapters.kubernetes.offers import (
+    GPU_RESOURCE,
+    REGION_LABEL,
+    NodeCapacity,
+    OfferScope,
+    Resources,
+    Shape,
+    node_capacities,
+    plan_offers,
+    pod_requests,
+    read_quantity,
+)
+from vk_provider_adapters.kubernetes.states import observe, parse_instance
+from vk_provider_adapters.payload import MalformedResponse
 
 SERVER = "https://b.example.test:6443"
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.TESTTOKEN.secretsignature"

@@ -10,10 +10,10 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from providers.kubernetes import channels
-from providers.kubernetes.usage import CpuCounter, advance, parse_pod_metrics
-from providers.payload import MalformedResponse
 from vk_provider.api.portforward_ws import requested_ports
+from vk_provider_adapters.kubernetes import channels
+from vk_provider_adapters.kubernetes.usage import CpuCounter, advance, parse_pod_metrics
+from vk_provider_adapters.payload import MalformedResponse
 
 POD = "/api/v1/namespaces/work/pods/vk-abc"
 

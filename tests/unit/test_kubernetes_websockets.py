@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import WSMsgType, web
 
-from providers.kubernetes import channels
-from providers.kubernetes.kubeconfig import ClusterAccess
-from providers.kubernetes.streams import RemoteCommand, RemotePort, RemoteStreams
 from vk_provider.api.portforward_ws import requested_ports, serve_websocket_port_forward
 from vk_provider.domain.contract import PortStream
 from vk_provider.domain.errors import AuthFailed, Transient
 from vk_provider.domain.redact import Redactor
+from vk_provider_adapters.kubernetes import channels
+from vk_provider_adapters.kubernetes.kubeconfig import ClusterAccess
+from vk_provider_adapters.kubernetes.streams import RemoteCommand, RemotePort, RemoteStreams
 
 TOKEN = "t0ken-for-the-test"
 POD = "/api/v1/namespaces/work/pods/vk-abc"

@@ -22,18 +22,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.lambda_cloud.adapter import LAUNCH_VISIBILITY_SECONDS, LambdaCloudProvider
-from providers.lambda_cloud.envelope import classify_failure
-from providers.lambda_cloud.instances import (
-    STATES,
-    TAG_MANAGED,
-    TAG_POD_UID,
-    TAG_PROVIDER,
-    TAG_REQUEST_ID,
-)
-from providers.lambda_cloud.offers import canonical_gpu, gpu_memory_gib, parse_offers
-from providers.lambda_cloud.ratelimit import RateLimiter
-from providers.transport import RetryPolicy, parse_retry_after
 from tests.contract.harness_lambda import (
     API_KEY,
     FAILURES,
@@ -62,6 +50,18 @@ from vk_provider.domain.errors import (
 from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
 from vk_provider.domain.placement import PodShape
 from vk_provider.settings.secrets import ConfigError
+from vk_provider_adapters.lambda_cloud.adapter import LAUNCH_VISIBILITY_SECONDS, LambdaCloudProvider
+from vk_provider_adapters.lambda_cloud.envelope import classify_failure
+from vk_provider_adapters.lambda_cloud.instances import (
+    STATES,
+    TAG_MANAGED,
+    TAG_POD_UID,
+    TAG_PROVIDER,
+    TAG_REQUEST_ID,
+)
+from vk_provider_adapters.lambda_cloud.offers import canonical_gpu, gpu_memory_gib, parse_offers
+from vk_provider_adapters.lambda_cloud.ratelimit import RateLimiter
+from vk_provider_adapters.transport import RetryPolicy, parse_retry_after
 
 UID = "0f5e2a8c-1b2d-4e6f-8a9b-0c1d2e3f4a5b"
 

@@ -32,11 +32,6 @@ from typing import Any
 import pytest
 import yaml
 
-from providers.boot_script import INSPECT_FORMAT as INSPECT_STATUS
-from providers.docker_run import container_name_for, sandbox_name_for
-from providers.lambda_cloud.adapter import LambdaCloudProvider
-from providers.lambda_cloud.remote import INSPECT_FORMAT
-from providers.transport import RetryPolicy
 from tests.contract.harness_lambda import (
     API_KEY,
     FakeClock,
@@ -49,6 +44,11 @@ from tests.unit import canary
 from vk_provider.domain.containers import ContainerSpec, ContainerState
 from vk_provider.domain.errors import NotFound, Transient
 from vk_provider.domain.models import EnvVar, Instance, InstanceState, LogOptions, WorkloadSpec
+from vk_provider_adapters.boot_script import INSPECT_FORMAT as INSPECT_STATUS
+from vk_provider_adapters.docker_run import container_name_for, sandbox_name_for
+from vk_provider_adapters.lambda_cloud.adapter import LambdaCloudProvider
+from vk_provider_adapters.lambda_cloud.remote import INSPECT_FORMAT
+from vk_provider_adapters.transport import RetryPolicy
 
 UID = "5d0c1e2f-3a4b-4c5d-8e9f-0a1b2c3d4e5f"
 

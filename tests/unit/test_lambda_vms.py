@@ -21,22 +21,6 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
-from providers import sealed_env
-from providers.lambda_cloud.adapter import LambdaCloudProvider
-from providers.lambda_cloud.agentkey import KEY_FILE, AgentKey
-from providers.lambda_cloud.remote import (
-    INSPECT_FORMAT,
-    ContainerReport,
-    ContainerState,
-    MalformedProbe,
-    VmReport,
-    logs_command,
-    parse_docker_time,
-    parse_probe,
-    probe_command,
-)
-from providers.lambda_cloud.ssh import VmTarget
-from providers.lambda_cloud.vmstate import container_status, verdict
 from tests.contract.harness_lambda import (
     API_KEY,
     FAILURES,
@@ -53,6 +37,22 @@ from vk_provider.domain.containers import ContainerStatus, Termination
 from vk_provider.domain.errors import AuthFailed, Transient
 from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, WorkloadSpec
 from vk_provider.settings.secrets import ConfigError, SecretRef
+from vk_provider_adapters import sealed_env
+from vk_provider_adapters.lambda_cloud.adapter import LambdaCloudProvider
+from vk_provider_adapters.lambda_cloud.agentkey import KEY_FILE, AgentKey
+from vk_provider_adapters.lambda_cloud.remote import (
+    INSPECT_FORMAT,
+    ContainerReport,
+    ContainerState,
+    MalformedProbe,
+    VmReport,
+    logs_command,
+    parse_docker_time,
+    parse_probe,
+    probe_command,
+)
+from vk_provider_adapters.lambda_cloud.ssh import VmTarget
+from vk_provider_adapters.lambda_cloud.vmstate import container_status, verdict
 
 UID = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
 

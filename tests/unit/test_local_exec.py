@@ -1,9 +1,9 @@
 """The local provider's exec, usage and port-forward, against real processes.
 
 Each test lays out an instance directory as the pod runner writes it
-(``providers/local/layout.py``): ``containers/order.json`` and, per container, ``env.json``,
-``spec.json`` and the ``process.json`` of a real program this test started. Every process a
-test starts is killed afterwards (``programs``), and every exec session is closed.
+(``providers/vk_provider_adapters/local/layout.py``): ``containers/order.json`` and, per container,
+``env.json``, ``spec.json`` and the ``process.json`` of a real program this test started. Every
+process a test starts is killed afterwards (``programs``), and every exec session is closed.
 """
 
 from __future__ import annotations
@@ -21,11 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from providers.local.adapter import LocalProvider
-from providers.local.exec import LocalExec, start_exec
-from providers.local.portforward import declared_ports, open_local_port
-from providers.local.processes import ProcessRecord, start_ticks
-from providers.local.usage import instance_usage
 from tests.helpers import wait_for
 from tests.unit.test_local_provider import (  # noqa: F401 - state_dir is a fixture
     collect,
@@ -39,6 +34,11 @@ from vk_provider.domain.contract import ExecSession
 from vk_provider.domain.envvar import EnvVar, Port
 from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
 from vk_provider.domain.models import InstanceState, LogOptions, WorkloadSpec
+from vk_provider_adapters.local.adapter import LocalProvider
+from vk_provider_adapters.local.exec import LocalExec, start_exec
+from vk_provider_adapters.local.portforward import declared_ports, open_local_port
+from vk_provider_adapters.local.processes import ProcessRecord, start_ticks
+from vk_provider_adapters.local.usage import instance_usage
 
 
 class Programs:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from providers.local.adapter import LocalProvider
 from tests.helpers import wait_for
 from tests.unit.test_local_provider import (  # noqa: F401 - state_dir is a fixture
     collect,
@@ -27,6 +26,7 @@ from tests.unit.test_local_provider import (  # noqa: F401 - state_dir is a fixt
 from vk_provider.domain.containers import ContainerSpec, ContainerState, ContainerStatus
 from vk_provider.domain.errors import CapacityUnavailable, NotFound
 from vk_provider.domain.models import Instance, InstanceState, LogOptions, WorkloadSpec
+from vk_provider_adapters.local.adapter import LocalProvider
 
 PY = sys.executable
 
@@ -381,7 +381,7 @@ async def test_a_create_looks_only_at_its_offers_instances(
     state_dir: Path,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import providers.local.adapter as adapter
+    import vk_provider_adapters.local.adapter as adapter
 
     local = LocalProvider(make_config(), state_dir=state_dir)
     cpu = await offer(local, "cpu")

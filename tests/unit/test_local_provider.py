@@ -1,7 +1,8 @@
 """The local provider: real local processes behind the provider contract.
 
-Every test runs real programs (``sys.executable -c ...``) through ``providers.local.runner``;
-the ``state_dir`` fixture kills whatever a test left running. Waits poll with deadlines.
+Every test runs real programs (``sys.executable -c ...``) through
+``vk_provider_adapters.local.runner``; the ``state_dir`` fixture kills whatever a test left running.
+Waits poll with deadlines.
 """
 
 from __future__ import annotations
@@ -19,14 +20,7 @@ from pathlib import Path
 
 import pytest
 
-import providers.local.adapter as adapter_module
-from providers.local.adapter import LocalProvider, LocalProviderDisabled
-from providers.local.config import LocalFaults, LocalProviderConfig
-from providers.local.faults import inject_loss, set_faults
-from providers.local.logs import parse_cri_line, select_history
-from providers.local.processes import ProcessRecord, is_running, stop_process
-from providers.local.records import INSTANCE_FILE
-from providers.simulated import SimulatedOffer
+import vk_provider_adapters.local.adapter as adapter_module
 from tests.helpers import wait_for
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
@@ -45,6 +39,13 @@ from vk_provider.domain.models import (
     Offer,
     WorkloadSpec,
 )
+from vk_provider_adapters.local.adapter import LocalProvider, LocalProviderDisabled
+from vk_provider_adapters.local.config import LocalFaults, LocalProviderConfig
+from vk_provider_adapters.local.faults import inject_loss, set_faults
+from vk_provider_adapters.local.logs import parse_cri_line, select_history
+from vk_provider_adapters.local.processes import ProcessRecord, is_running, stop_process
+from vk_provider_adapters.local.records import INSTANCE_FILE
+from vk_provider_adapters.simulated import SimulatedOffer
 
 PY = sys.executable
 TIMESTAMP = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z ")

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from providers.local.adapter import LocalProvider
-from providers.local.records import read_record
 from tests.helpers import wait_for
 from tests.unit.test_local_provider import (
     SLEEP,
@@ -28,6 +26,8 @@ from tests.unit.test_local_provider import (
     wait_state,
 )
 from vk_provider.domain.models import Instance, InstanceState
+from vk_provider_adapters.local.adapter import LocalProvider
+from vk_provider_adapters.local.records import read_record
 
 
 def parent_of(pid: int) -> int:
@@ -129,7 +129,7 @@ async def test_a_spawner_that_cannot_start_costs_speed_not_the_pod(
 ) -> None:
     # Every spawner this provider starts fails (its interpreter is not there).
     monkeypatch.setattr(
-        "providers.local.spawner.spawner_command",
+        "vk_provider_adapters.local.spawner.spawner_command",
         lambda _dir, _fd: ["/nonexistent/python-for-the-spawner"],
     )
     instance = await local.create(make_spec(SLEEP, uid="a"), await offer(local))

@@ -19,24 +19,6 @@ from typing import Any
 
 import pytest
 
-from providers.modal.adapter import CREATE_TIMEOUT_SECONDS, DEFAULT_RETRY, ModalProvider
-from providers.modal.catalogue import modal_gpu_string, offer_sku
-from providers.modal.config import ModalProviderConfig
-from providers.modal.identity import (
-    ATTEMPT_TAG,
-    MANAGED_BY_TAG,
-    POD_UID_TAG,
-    TERMINATE_TAG,
-    sandbox_name,
-    sandbox_state,
-)
-from providers.modal.sandbox import (
-    SCHEDULING_WAIT_SECONDS,
-    SandboxInfo,
-    SandboxNameTaken,
-    SandboxRequest,
-)
-from providers.transport import RetryPolicy
 from tests.unit import canary
 from tests.unit.fake_modal import FakeSandboxClient
 from vk_provider.domain.contract import Provider
@@ -51,6 +33,24 @@ from vk_provider.domain.errors import (
 )
 from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
 from vk_provider.settings.secrets import ConfigError
+from vk_provider_adapters.modal.adapter import CREATE_TIMEOUT_SECONDS, DEFAULT_RETRY, ModalProvider
+from vk_provider_adapters.modal.catalogue import modal_gpu_string, offer_sku
+from vk_provider_adapters.modal.config import ModalProviderConfig
+from vk_provider_adapters.modal.identity import (
+    ATTEMPT_TAG,
+    MANAGED_BY_TAG,
+    POD_UID_TAG,
+    TERMINATE_TAG,
+    sandbox_name,
+    sandbox_state,
+)
+from vk_provider_adapters.modal.sandbox import (
+    SCHEDULING_WAIT_SECONDS,
+    SandboxInfo,
+    SandboxNameTaken,
+    SandboxRequest,
+)
+from vk_provider_adapters.transport import RetryPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-very-secret-value"
@@ -108,9 +108,9 @@ async def offer_of(provider: ModalProvider, sku: str) -> Offer:
 
 def test_importing_the_adapter_does_not_import_modal() -> None:
     code = (
-        "import sys, providers.modal.adapter; "
+        "import sys, vk_provider_adapters.modal.adapter; "
         "assert 'modal' not in sys.modules, 'modal imported'; "
-        "assert 'providers.modal.sdk' not in sys.modules, 'modal_sdk imported'"
+        "assert 'vk_provider_adapters.modal.sdk' not in sys.modules, 'modal_sdk imported'"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
@@ -121,7 +121,7 @@ def test_importing_the_adapter_does_not_import_modal() -> None:
 def test_without_the_sdk_the_error_says_how_to_install_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from providers.modal.sdk import ModalSdkMissing
+    from vk_provider_adapters.modal.sdk import ModalSdkMissing
 
     monkeypatch.setitem(sys.modules, "modal", None)  # `import modal` now raises ImportError
     with pytest.raises(ModalSdkMissing, match=r"pip install") as raised:
@@ -650,7 +650,7 @@ class GRPCError(Exception):
     ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else "",
 )
 def test_error_mapping_table(error: BaseException, expected: type[Exception]) -> None:
-    from providers.modal.sdk import translate_error
+    from vk_provider_adapters.modal.sdk import translate_error
 
     translated = translate_error(error, "create")
     assert type(translated) is expected
@@ -658,7 +658,7 @@ def test_error_mapping_table(error: BaseException, expected: type[Exception]) ->
 
 
 def test_an_image_that_cannot_be_built_names_the_image_field() -> None:
-    from providers.modal.sdk import translate_error
+    from vk_provider_adapters.modal.sdk import translate_error
 
     translated = translate_error(EXC.ImageBuildError("manifest unknown"), "create")
     assert isinstance(translated, InvalidSpec)
@@ -801,7 +801,7 @@ def _request(**fields: Any) -> SandboxRequest:
 async def test_the_real_client_is_built_lazily_and_calls_the_sdk_as_documented(
     sdk: StubModal,
 ) -> None:
-    from providers.modal.sdk import ModalSandboxClient
+    from vk_provider_adapters.modal.sdk import ModalSandboxClient
 
     provider = ModalProvider(make_config())  # builds the real client: no call made yet
     assert sdk.calls == []
@@ -841,7 +841,7 @@ async def test_the_real_client_is_built_lazily_and_calls_the_sdk_as_documented(
 
 
 async def test_the_real_client_keeps_the_image_entrypoint_for_args_only(sdk: StubModal) -> None:
-    from providers.modal.sdk import ModalSandboxClient
+    from vk_provider_adapters.modal.sdk import ModalSandboxClient
 
     client = ModalSandboxClient(make_config())
     await client.create_sandbox(_request(command=(), secret_env={}, env={}))
@@ -852,7 +852,7 @@ async def test_the_real_client_keeps_the_image_entrypoint_for_args_only(sdk: Stu
 
 
 async def test_the_real_client_translates_a_taken_name(sdk: StubModal) -> None:
-    from providers.modal.sdk import ModalSandboxClient
+    from vk_provider_adapters.modal.sdk import ModalSandboxClient
 
     sdk.create_error = EXC.AlreadyExistsError("Sandbox name vk-uid.0 is already in use")
     with pytest.raises(SandboxNameTaken):
@@ -862,7 +862,7 @@ async def test_the_real_client_translates_a_taken_name(sdk: StubModal) -> None:
 async def test_the_real_client_reports_missing_credentials_without_values(
     sdk: StubModal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from providers.modal.sdk import ModalSandboxClient
+    from vk_provider_adapters.modal.sdk import ModalSandboxClient
 
     monkeypatch.delenv("TEST_MODAL_TOKEN_SECRET")
     with pytest.raises(AuthFailed, match="TEST_MODAL_TOKEN_SECRET") as raised:

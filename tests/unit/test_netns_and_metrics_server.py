@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from vk_provider_dev.cluster import netns
 from vk_provider_dev.cluster.metrics_server import (
     APISERVICE,

@@ -8,6 +8,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
 from vk_provider_dev.cluster.pki import (
     FRONT_PROXY_CLIENT,
     KUBELET_CLIENT_USER,

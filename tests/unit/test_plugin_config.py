@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from providers.plugin.address import parse_address
 from vk_provider.runtime.registry import Registry
 from vk_provider.settings.secrets import ConfigError
+from vk_provider_adapters.plugin.address import parse_address
 
 
 def _config(provider: dict[str, object]) -> None:

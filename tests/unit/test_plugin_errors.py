@@ -14,11 +14,6 @@ import pytest
 from google.protobuf import any_pb2
 from google.rpc.status_pb2 import Status
 
-from providers.plugin import rpc, status
-from providers.plugin._gen.vkprovider.v1 import provider_pb2 as pb
-from providers.plugin.client import GrpcProvider
-from providers.plugin.config import GrpcProviderConfig
-from providers.plugin.server import serve
 from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,
@@ -29,6 +24,11 @@ from vk_provider.domain.errors import (
     Transient,
 )
 from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
+from vk_provider_adapters.plugin import rpc, status
+from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
+from vk_provider_adapters.plugin.client import GrpcProvider
+from vk_provider_adapters.plugin.config import GrpcProviderConfig
+from vk_provider_adapters.plugin.server import serve
 
 
 class Failing:

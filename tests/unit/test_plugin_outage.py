@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from providers.plugin.client import GrpcProvider
-from providers.plugin.config import GrpcProviderConfig
 from tests.helpers import wait_for
 from tests.integration.agent_harness import reap_runners
 from tests.plugin_process import PluginProcess, local_entry, tls_material
 from vk_provider.domain.errors import ProviderError, Transient
 from vk_provider.domain.models import InstanceState, LogOptions, WorkloadSpec
+from vk_provider_adapters.plugin.client import GrpcProvider
+from vk_provider_adapters.plugin.config import GrpcProviderConfig
 
 OFFERS = [{"sku": "cpu", "price_per_hour": 0.1, "capacity": 4}]
 

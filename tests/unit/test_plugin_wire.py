@@ -7,8 +7,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from providers.plugin import wire
-from providers.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 from vk_provider.domain.containers import (
     ContainerSpec,
     ContainerState,
@@ -28,6 +26,8 @@ from vk_provider.domain.models import (
     Port,
     WorkloadSpec,
 )
+from vk_provider_adapters.plugin import wire
+from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 T1 = datetime(2026, 1, 2, 3, 5, 0, tzinfo=UTC)

@@ -1,4 +1,5 @@
-"""The gRPC wire (``providers/plugin/wire.py``) against the protocol's own descriptors.
+"""The gRPC wire (``providers/vk_provider_adapters/plugin/wire.py``) against the protocol's own
+descriptors.
 
 Two checks that fail when a field is added on one side only:
 
@@ -20,8 +21,6 @@ import dataclasses
 from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
-from providers.plugin import wire
-from providers.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 from tests.unit.test_plugin_wire import APP, SPEC, T0, T1
 from vk_provider.domain import containers, models
 from vk_provider.domain.containers import (
@@ -31,6 +30,8 @@ from vk_provider.domain.containers import (
     Termination,
 )
 from vk_provider.domain.models import Capabilities, Instance, InstanceState, LogOptions, Offer
+from vk_provider_adapters.plugin import wire
+from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 
 # message -> (fields only on the wire, fields only in the domain type), with why.
 NOT_ON_BOTH: dict[str, tuple[set[str], set[str]]] = {

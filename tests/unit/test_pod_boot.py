@@ -1,6 +1,6 @@
 """The boot script runs a whole pod: run for real under bash against a fake ``docker``.
 
-``run.sh`` is built by ``providers.cloud_init`` for a pod with init containers, a native
+``run.sh`` is built by ``vk_provider_adapters.cloud_init`` for a pod with init containers, a native
 sidecar and two app containers, written to a temporary directory as cloud-init would, and run
 with a fake ``docker`` on PATH. The fake records every invocation and plays each container's
 life from a script file the test writes (``lifecycle.json``: the exit codes of its successive
@@ -29,14 +29,14 @@ from typing import Any
 import pytest
 import yaml
 
-from providers import sealed_env
-from providers.cloud_init import build_user_data, container_dir
-from providers.docker_run import container_name_for, sandbox_name_for
 from tests.helpers import wait_until
 from tests.unit import canary
 from vk_provider.domain.containers import ContainerSpec, VolumeMount
 from vk_provider.domain.errors import InvalidSpec
 from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
+from vk_provider_adapters import sealed_env
+from vk_provider_adapters.cloud_init import build_user_data, container_dir
+from vk_provider_adapters.docker_run import container_name_for, sandbox_name_for
 
 UID = "0f5e2a8c-1b2d-4e6f-8a9b-0c1d2e3f4a5b"
 REQUEST = f"{UID}.0"

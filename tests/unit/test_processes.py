@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from providers.local.processes import (
+from vk_provider_adapters.local.processes import (
     ProcessRecord,
     is_running,
     start_process,

@@ -8,12 +8,12 @@ import re
 import subprocess
 from pathlib import Path
 
-from providers.plugin import client, rpc, server
 from vk_provider.domain.contract import Provider
+from vk_provider_adapters.plugin import client, rpc, server
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTO = ROOT / "proto" / "vkprovider" / "v1" / "provider.proto"
-GENERATED = ROOT / "providers" / "plugin" / "_gen"
+GENERATED = ROOT / "providers" / "vk_provider_adapters" / "plugin" / "_gen"
 
 
 def test_the_committed_generated_code_matches_the_proto(tmp_path: Path) -> None:

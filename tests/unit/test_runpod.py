@@ -20,28 +20,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from providers.runpod.adapter import RunPodProvider
-from providers.runpod.failures import Operation, classify_failure, error_detail
-from providers.runpod.gpus import CREATE_GPU_TYPE_IDS, canonical_gpu_name
-from providers.runpod.logs import SseDecoder
-from providers.runpod.offers import (
-    OfferScope,
-    Sku,
-    offers_query,
-    parse_offers,
-    refused_gpu_types,
-    stock_to_available,
-)
-from providers.runpod.pods import (
-    ENV_POD_UID,
-    ENV_REQUEST_ID,
-    Lifecycle,
-    build_create_body,
-    instance_state,
-    lifecycle_of,
-    owner_of,
-)
-from providers.transport import RetryPolicy, parse_retry_after
 from tests.contract.harness_runpod import (
     API_KEY,
     CAPACITY_MESSAGE,
@@ -69,6 +47,28 @@ from vk_provider.domain.errors import (
     Transient,
 )
 from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, Port, WorkloadSpec
+from vk_provider_adapters.runpod.adapter import RunPodProvider
+from vk_provider_adapters.runpod.failures import Operation, classify_failure, error_detail
+from vk_provider_adapters.runpod.gpus import CREATE_GPU_TYPE_IDS, canonical_gpu_name
+from vk_provider_adapters.runpod.logs import SseDecoder
+from vk_provider_adapters.runpod.offers import (
+    OfferScope,
+    Sku,
+    offers_query,
+    parse_offers,
+    refused_gpu_types,
+    stock_to_available,
+)
+from vk_provider_adapters.runpod.pods import (
+    ENV_POD_UID,
+    ENV_REQUEST_ID,
+    Lifecycle,
+    build_create_body,
+    instance_state,
+    lifecycle_of,
+    owner_of,
+)
+from vk_provider_adapters.transport import RetryPolicy, parse_retry_after
 
 NOW = datetime(2026, 3, 13, 20, 0, tzinfo=UTC)
 
@@ -193,7 +193,7 @@ def test_gpu_name_mapping_never_crashes(name: str) -> None:
     spot=st.booleans(),
 )
 def test_sku_round_trips(gpu: str, count: int, cloud: str, spot: bool) -> None:
-    from providers.runpod.offers import CloudType
+    from vk_provider_adapters.runpod.offers import CloudType
 
     sku = Sku(gpu, count, CloudType(cloud), spot)
     assert Sku.parse(sku.encode()) == sku
@@ -210,7 +210,7 @@ def test_foreign_skus_do_not_parse(text: str) -> None:
 
 
 def _scope(**fields: Any) -> OfferScope:
-    from providers.runpod.offers import CloudType
+    from vk_provider_adapters.runpod.offers import CloudType
 
     values: dict[str, Any] = {
         "provider": "rp",
@@ -317,7 +317,7 @@ def test_stock_status_maps_to_available(stock: str | None, available: int) -> No
 
 
 def test_the_query_asks_each_count_cloud_and_region_once() -> None:
-    from providers.runpod.offers import CloudType
+    from vk_provider_adapters.runpod.offers import CloudType
 
     query = offers_query(
         _scope(clouds=(CloudType.SECURE, CloudType.COMMUNITY), regions=("EU-RO-1", "US-TX-3"))
@@ -804,7 +804,7 @@ def test_state_table(
 
 @pytest.mark.parametrize("desired", [None, "PAUSED", 3])
 def test_an_unknown_desired_status_is_malformed(desired: object) -> None:
-    from providers.payload import MalformedResponse
+    from vk_provider_adapters.payload import MalformedResponse
 
     with pytest.raises(MalformedResponse, match="desiredStatus"):
         lifecycle_of({"desiredStatus": desired})

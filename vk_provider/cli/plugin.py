@@ -24,11 +24,11 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from providers.plugin.address import PluginAddress, parse_address
-from providers.plugin.server import ServerTLS, serve
 from vk_provider.runtime.preflight import close_all
 from vk_provider.runtime.registry import Registry
 from vk_provider.settings.secrets import ConfigError
+from vk_provider_adapters.plugin.address import PluginAddress, parse_address
+from vk_provider_adapters.plugin.server import ServerTLS, serve
 
 plugin_app = typer.Typer(
     help="Serve a provider adapter as its own process over gRPC (the agent's `grpc` type).",

@@ -19,18 +19,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from providers.kubernetes.plugin import PROVIDER_TYPE as KUBERNETES
-from providers.lambda_cloud.plugin import PROVIDER_TYPE as LAMBDA
-from providers.local.plugin import PROVIDER_TYPE as LOCAL
-from providers.memory.plugin import PROVIDER_TYPE as MEMORY
-from providers.modal.plugin import PROVIDER_TYPE as MODAL
-from providers.plugin.plugin import PROVIDER_TYPE as GRPC
-from providers.runpod.plugin import PROVIDER_TYPE as RUNPOD
 from vk_provider.domain.contract import Provider
 from vk_provider.settings.agent import AgentConfig, load_config, parse_config, parse_provider
 from vk_provider.settings.providers import BuildContext, ProviderSettings, ProviderType
 from vk_provider.settings.schema import config_schema
 from vk_provider.settings.secrets import ConfigError
+from vk_provider_adapters.kubernetes.plugin import PROVIDER_TYPE as KUBERNETES
+from vk_provider_adapters.lambda_cloud.plugin import PROVIDER_TYPE as LAMBDA
+from vk_provider_adapters.local.plugin import PROVIDER_TYPE as LOCAL
+from vk_provider_adapters.memory.plugin import PROVIDER_TYPE as MEMORY
+from vk_provider_adapters.modal.plugin import PROVIDER_TYPE as MODAL
+from vk_provider_adapters.plugin.plugin import PROVIDER_TYPE as GRPC
+from vk_provider_adapters.runpod.plugin import PROVIDER_TYPE as RUNPOD
 
 ENTRY_POINT_GROUP = "vk_provider.providers"
 

@@ -35,13 +35,13 @@ from typing import Any
 
 import httpx
 
-from providers.local.processes import (
+from vk_provider.settings.paths import state_root
+from vk_provider_adapters.local.processes import (
     ProcessRecord,
     is_running,
     start_process,
     stop_process,
 )
-from vk_provider.settings.paths import state_root
 from vk_provider_dev.cluster import components
 from vk_provider_dev.cluster import pki as pki_mod
 from vk_provider_dev.cluster.binaries import Binaries

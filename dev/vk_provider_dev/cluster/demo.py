@@ -30,10 +30,10 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from providers.local.adapter import LocalProvider
-from providers.local.config import LocalProviderConfig
 from vk_provider.runtime.registry import Registry
 from vk_provider.settings.paths import state_root
+from vk_provider_adapters.local.adapter import LocalProvider
+from vk_provider_adapters.local.config import LocalProviderConfig
 from vk_provider_dev.cluster.binaries import Binaries
 from vk_provider_dev.cluster.cluster import LocalCluster, free_ports, port_is_free
 

@@ -36,7 +36,12 @@ from typing import Any
 
 import yaml
 
-from providers.local.processes import ProcessRecord, is_running, start_process, stop_process
+from vk_provider_adapters.local.processes import (
+    ProcessRecord,
+    is_running,
+    start_process,
+    stop_process,
+)
 from vk_provider_dev.cluster import pki as pki_mod
 from vk_provider_dev.cluster.binaries import Progress, build_go_program, cache_root
 from vk_provider_dev.cluster.cluster import LocalCluster, free_ports

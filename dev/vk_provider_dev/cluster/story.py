@@ -437,9 +437,9 @@ def _wait_no_instances(config_path: Path, stop: threading.Event, within: float =
 def _count_local_instances(config_path: Path) -> int:
     import asyncio
 
-    from providers.local.adapter import LocalProvider
-    from providers.local.config import LocalProviderConfig
     from vk_provider.runtime.registry import Registry
+    from vk_provider_adapters.local.adapter import LocalProvider
+    from vk_provider_adapters.local.config import LocalProviderConfig
 
     async def count() -> int:
         config = Registry.default().load_config(config_path)

@@ -1,0 +1,230 @@
+"""The server kit: run any in-process ``Provider`` as its own process over gRPC.
+
+``serve(provider, address)`` serves ``proto/vkprovider/v1/provider.proto`` for ``provider`` on
+a Unix socket (``unix:///path.sock``, mode 0600) or TCP (``host:port``; with ``ServerTLS``: a
+server certificate, and client-certificate auth when a client CA is given) until it is
+cancelled, then stops with a grace period. ``on_listening`` is told the address actually
+bound (a TCP port 0 becomes the port chosen). `vk-provider plugin serve` wraps it for every
+registered provider type; a third-party adapter calls it from its own ``main``.
+
+Invariants: every call ends in a response or in a status that carries the error taxonomy
+(``status.to_status``); an exception that is not a ``ProviderError`` is logged here and sent
+as ``Transient`` without its text (it may hold anything). A log stream closes the adapter's
+iterator when the caller goes away. The kit never closes the provider: its caller owns it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from vk_provider.sdk import (
+    InvalidSpec,
+    Provider,
+    ProviderError,
+    SupportsContainerRestart,
+    SupportsUsage,
+    Transient,
+)
+from vk_provider_adapters.plugin import rpc, wire
+from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
+from vk_provider_adapters.plugin.address import PluginAddress, parse_address
+from vk_provider_adapters.plugin.status import to_status
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+GRACE_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTLS:
+    """The server's certificate and key (PEM files), and the CA whose client certificates it
+    accepts (None: any client may connect, as with a public endpoint)."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        client_ca = self.client_ca_file.read_bytes() if self.client_ca_file else None
+        return grpc.ssl_server_credentials(
+            [(self.key_file.read_bytes(), self.cert_file.read_bytes())],
+            root_certificates=client_ca,
+            require_client_auth=client_ca is not None,
+        )
+
+
+class _Servicer:
+    """One provider behind the service; each method is one RPC."""
+
+    def __init__(self, provider: Provider) -> None:
+        self._provider = provider
+        self._restart = isinstance(provider, SupportsContainerRestart)
+
+    async def _run(self, context: grpc.aio.ServicerContext[Any, Any], work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except StopAsyncIteration:
+            raise  # the end of a log stream, not a failure
+        except ProviderError as exc:
+            await _abort(context, exc)
+        except wire.WireError as exc:
+            await _abort(context, InvalidSpec(str(exc), field=exc.field))
+        except Exception:
+            log.exception("provider %s failed unexpectedly", self._provider.name)
+            await _abort(context, Transient(f"provider {self._provider.name} failed unexpectedly"))
+
+    async def describe(self, _request: pb.DescribeRequest, _context: Any) -> pb.DescribeResponse:
+        provider = self._provider
+        capabilities = wire.capabilities_to_pb(
+            provider.capabilities, restart_container=self._restart
+        )
+        return pb.DescribeResponse(name=provider.name, capabilities=capabilities)
+
+    async def offers(self, _request: pb.OffersRequest, context: Any) -> pb.OffersResponse:
+        found = await self._run(context, self._provider.offers())
+        return pb.OffersResponse(offers=[wire.offer_to_pb(o) for o in found])
+
+    async def create(self, request: pb.CreateRequest, context: Any) -> pb.Instance:
+        async def work() -> pb.Instance:
+            spec = wire.spec_from_pb(request.spec)
+            offer = wire.offer_from_pb(request.offer)
+            return wire.instance_to_pb(await self._provider.create(spec, offer))
+
+        return await self._run(context, work())
+
+    async def get(self, request: pb.GetRequest, context: Any) -> pb.Instance:
+        got = await self._run(context, self._provider.get(request.instance_id))
+        return wire.instance_to_pb(got)
+
+    async def delete(self, request: pb.DeleteRequest, context: Any) -> pb.DeleteResponse:
+        work = self._provider.delete(request.instance_id, grace_seconds=request.grace_seconds)
+        await self._run(context, work)
+        return pb.DeleteResponse()
+
+    async def list_ours(self, _request: pb.ListOursRequest, context: Any) -> pb.ListOursResponse:
+        found = await self._run(context, self._provider.list_ours())
+        return pb.ListOursResponse(instances=[wire.instance_to_pb(i) for i in found])
+
+    async def logs(self, request: pb.LogsRequest, context: Any) -> AsyncIterator[pb.LogChunk]:
+        options = wire.log_options_from_pb(request)
+        chunks = self._provider.logs(request.instance_id, options)
+        try:
+            while True:
+                try:
+                    chunk = await self._run(context, anext(chunks))
+                except StopAsyncIteration:
+                    return
+                yield pb.LogChunk(data=chunk)
+        finally:
+            # The caller went away (or the stream ended): stop the adapter's reader too.
+            closing = getattr(chunks, "aclose", None)
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    await closing()
+
+    async def usage(self, request: pb.UsageRequest, context: Any) -> pb.UsageResponse:
+        provider = self._provider
+        if not isinstance(provider, SupportsUsage) or not provider.capabilities.usage:
+            await _abort(context, InvalidSpec(f"provider {provider.name} does not report usage"))
+        return wire.usage_to_pb(await self._run(context, provider.usage(request.instance_id)))
+
+    async def restart_container(
+        self, request: pb.RestartContainerRequest, context: Any
+    ) -> pb.RestartContainerResponse:
+        provider = self._provider
+        if not isinstance(provider, SupportsContainerRestart):
+            await _abort(
+                context, InvalidSpec(f"provider {provider.name} cannot restart a container")
+            )
+        await self._run(context, provider.restart_container(request.instance_id, request.container))
+        return pb.RestartContainerResponse()
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ProviderError) -> NoReturn:
+    code, message, trailers = to_status(error)
+    await context.abort(code, message, trailing_metadata=trailers)
+
+
+def _handlers(servicer: _Servicer) -> grpc.GenericRpcHandler:
+    def unary(
+        behaviour: Callable[..., Any], request: Callable[[bytes], Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        return grpc.unary_unary_rpc_method_handler(
+            behaviour, request_deserializer=request, response_serializer=_serialize
+        )
+
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        "Describe": unary(servicer.describe, pb.DescribeRequest.FromString),
+        "Offers": unary(servicer.offers, pb.OffersRequest.FromString),
+        "Create": unary(servicer.create, pb.CreateRequest.FromString),
+        "Get": unary(servicer.get, pb.GetRequest.FromString),
+        "Delete": unary(servicer.delete, pb.DeleteRequest.FromString),
+        "ListOurs": unary(servicer.list_ours, pb.ListOursRequest.FromString),
+        "Logs": grpc.unary_stream_rpc_method_handler(
+            servicer.logs,
+            request_deserializer=pb.LogsRequest.FromString,
+            response_serializer=_serialize,
+        ),
+        "Usage": unary(servicer.usage, pb.UsageRequest.FromString),
+        "RestartContainer": unary(
+            servicer.restart_container, pb.RestartContainerRequest.FromString
+        ),
+    }
+    assert set(handlers) == rpc.METHODS, "every RPC of the proto is served"
+    return grpc.method_handlers_generic_handler(rpc.SERVICE, handlers)
+
+
+def _serialize(message: Any) -> bytes:
+    data: bytes = message.SerializeToString()
+    return data
+
+
+def _bind(server: grpc.aio.Server, where: PluginAddress, tls: ServerTLS | None) -> PluginAddress:
+    if where.unix_path is not None:
+        if tls is not None:
+            raise ValueError("TLS is for TCP; a Unix socket is guarded by its file permissions")
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(where.unix_path.lstat().st_mode):
+                where.unix_path.unlink()  # a stale socket of a previous run
+        server.add_insecure_port(where.target)
+        return where
+    port = (
+        server.add_secure_port(where.target, tls.credentials())
+        if tls is not None
+        else server.add_insecure_port(where.target)
+    )
+    if port == 0:
+        raise OSError(f"cannot listen on {where.target}")
+    return PluginAddress(host=where.host, port=port)
+
+
+async def serve(
+    provider: Provider,
+    address: str,
+    *,
+    tls: ServerTLS | None = None,
+    on_listening: Callable[[PluginAddress], None] | None = None,
+) -> None:
+    """Serve ``provider`` at ``address`` until cancelled (then stop within ``GRACE_SECONDS``)."""
+    where = parse_address(address, server=True)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((_handlers(_Servicer(provider)),))
+    bound = _bind(server, where, tls)
+    await server.start()
+    try:
+        if bound.unix_path is not None:
+            bound.unix_path.chmod(0o600)  # only this user may call the provider
+        log.info("serving provider %s at %s", provider.name, bound)
+        if on_listening is not None:
+            on_listening(bound)
+        await server.wait_for_termination()
+    finally:
+        await server.stop(GRACE_SECONDS)

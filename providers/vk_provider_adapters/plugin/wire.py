@@ -1,0 +1,514 @@
+"""The domain models on the wire: each model of ``vk_provider.domain`` to its protobuf message
+of ``proto/vkprovider/v1/provider.proto`` and back, in one place for the server and the client.
+
+Invariants:
+- ``x == from_pb(to_pb(x))`` for every model the protocol carries (tested): optional fields
+  travel as proto3 ``optional`` or as unset sub-messages, so ``None`` stays ``None``.
+- Decoding never trusts the other side: an enum value this version does not know, or a
+  message that cannot be a model, raises ``WireError`` naming the field; the client turns it
+  into ``Transient`` (a plugin of another version), never a crash of the agent.
+- Secret env values are carried (the plugin must run the container with them) but never put
+  in an error message.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from vk_provider.sdk import (
+    Capabilities,
+    ContainerSpec,
+    ContainerState,
+    ContainerStatus,
+    ContainerUsage,
+    EnvVar,
+    Instance,
+    InstanceState,
+    LogOptions,
+    Offer,
+    Port,
+    Probe,
+    Termination,
+    VolumeMount,
+    WorkloadSpec,
+)
+from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
+
+
+class WireError(ValueError):
+    """A message from the other side is not a valid model; the message names the field."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+_INSTANCE_STATES = {
+    InstanceState.PENDING: pb.Instance.PENDING,
+    InstanceState.RUNNING: pb.Instance.RUNNING,
+    InstanceState.EXITED: pb.Instance.EXITED,
+    InstanceState.TERMINATING: pb.Instance.TERMINATING,
+    InstanceState.TERMINATED: pb.Instance.TERMINATED,
+    InstanceState.LOST: pb.Instance.LOST,
+}
+_INSTANCE_STATES_BACK = {wire: state for state, wire in _INSTANCE_STATES.items()}
+_CONTAINER_STATES = {
+    ContainerState.WAITING: pb.ContainerStatus.WAITING,
+    ContainerState.RUNNING: pb.ContainerStatus.RUNNING,
+    ContainerState.TERMINATED: pb.ContainerStatus.TERMINATED,
+}
+_CONTAINER_STATES_BACK = {wire: state for state, wire in _CONTAINER_STATES.items()}
+_PROBE_KINDS = ("exec", "http", "tcp", "grpc")
+_PROBES_BY = ("provider", "agent", "none")
+
+
+# --------------------------------------------------------------------------- small parts
+
+
+def _timestamp(when: datetime | None) -> Timestamp | None:
+    if when is None:
+        return None
+    stamp = Timestamp()
+    stamp.FromDatetime(when if when.tzinfo else when.replace(tzinfo=UTC))
+    return stamp
+
+
+def _when(
+    message: pb.Instance | pb.ContainerStatus | pb.Termination, field: str
+) -> datetime | None:
+    if not message.HasField(field):
+        return None
+    stamp: Timestamp = getattr(message, field)
+    return stamp.ToDatetime(tzinfo=UTC)
+
+
+def _env(env: tuple[EnvVar, ...]) -> list[pb.EnvVar]:
+    return [pb.EnvVar(name=e.name, value=e.value, secret=e.secret) for e in env]
+
+
+def _env_back(env: list[pb.EnvVar]) -> tuple[EnvVar, ...]:
+    return tuple(EnvVar(name=e.name, value=e.value, secret=e.secret) for e in env)
+
+
+def _ports(ports: tuple[Port, ...]) -> list[pb.Port]:
+    return [
+        pb.Port(container_port=p.container_port, protocol=p.protocol, name=p.name) for p in ports
+    ]
+
+
+def _ports_back(ports: list[pb.Port]) -> tuple[Port, ...]:
+    return tuple(
+        Port(
+            container_port=p.container_port,
+            protocol=p.protocol,
+            name=p.name if p.HasField("name") else None,
+        )
+        for p in ports
+    )
+
+
+def _optional_str(message: pb.WorkloadSpec | pb.ContainerSpec, field: str) -> str | None:
+    return str(getattr(message, field)) if message.HasField(field) else None
+
+
+# --------------------------------------------------------------------------- capabilities
+
+
+def capabilities_to_pb(capabilities: Capabilities, *, restart_container: bool) -> pb.Capabilities:
+    """What the plugin offers over the wire; exec and port-forward never cross it."""
+    return pb.Capabilities(
+        logs=capabilities.logs,
+        follow_logs=capabilities.follow_logs,
+        log_timestamps=capabilities.log_timestamps,
+        previous_logs=capabilities.previous_logs,
+        multi_container=capabilities.multi_container,
+        init_containers=capabilities.init_containers,
+        sidecars=capabilities.sidecars,
+        usage=capabilities.usage,
+        probes=capabilities.probes,
+        restart_container=restart_container,
+    )
+
+
+def capabilities_from_pb(message: pb.Capabilities) -> Capabilities:
+    probes = message.probes or "none"
+    if probes not in _PROBES_BY:
+        raise WireError("capabilities.probes", f"unknown value {probes!r}")
+    return Capabilities(
+        logs=message.logs,
+        follow_logs=message.follow_logs,
+        log_timestamps=message.log_timestamps,
+        previous_logs=message.previous_logs,
+        multi_container=message.multi_container,
+        init_containers=message.init_containers,
+        sidecars=message.sidecars,
+        exec=False,
+        port_forward=False,
+        usage=message.usage,
+        probes=probes,
+    )
+
+
+# --------------------------------------------------------------------------- offers
+
+
+def offer_to_pb(offer: Offer) -> pb.Offer:
+    return pb.Offer(
+        provider=offer.provider,
+        sku=offer.sku,
+        region=offer.region,
+        gpu_model=offer.gpu_model,
+        gpu_count=offer.gpu_count,
+        gpu_memory_gib=offer.gpu_memory_gib,
+        vcpus=offer.vcpus,
+        memory_gib=offer.memory_gib,
+        price_per_hour=offer.price_per_hour,
+        spot=offer.spot,
+        available=offer.available,
+        startup_seconds=offer.startup_seconds,
+    )
+
+
+def offer_from_pb(message: pb.Offer) -> Offer:
+    return Offer(
+        provider=message.provider,
+        sku=message.sku,
+        region=message.region,
+        gpu_model=message.gpu_model if message.HasField("gpu_model") else None,
+        gpu_count=message.gpu_count,
+        gpu_memory_gib=message.gpu_memory_gib,
+        vcpus=message.vcpus,
+        memory_gib=message.memory_gib,
+        price_per_hour=message.price_per_hour,
+        spot=message.spot,
+        available=message.available,
+        startup_seconds=message.startup_seconds,
+    )
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def _probe_to_pb(probe: Probe | None) -> pb.Probe | None:
+    if probe is None:
+        return None
+    return pb.Probe(
+        kind=probe.kind,
+        command=list(probe.command),
+        port=probe.port,
+        host=probe.host,
+        path=probe.path,
+        scheme=probe.scheme,
+        headers=[pb.Header(name=n, value=v) for n, v in probe.headers],
+        grpc_service=probe.grpc_service,
+        initial_delay_seconds=probe.initial_delay_seconds,
+        period_seconds=probe.period_seconds,
+        timeout_seconds=probe.timeout_seconds,
+        success_threshold=probe.success_threshold,
+        failure_threshold=probe.failure_threshold,
+    )
+
+
+def _probe_from_pb(parent: pb.ContainerSpec, field: str, where: str) -> Probe | None:
+    if not parent.HasField(field):
+        return None
+    message: pb.Probe = getattr(parent, field)
+    kind = message.kind
+    if kind not in _PROBE_KINDS:
+        raise WireError(f"{where}.{field}.kind", f"unknown probe kind {kind!r}")
+    scheme = message.scheme or "HTTP"
+    if scheme not in ("HTTP", "HTTPS"):
+        raise WireError(f"{where}.{field}.scheme", f"must be HTTP or HTTPS, not {scheme!r}")
+    return Probe(
+        kind=kind,  # type: ignore[arg-type]  # checked against _PROBE_KINDS above
+        command=tuple(message.command),
+        port=message.port,
+        host=message.host,
+        path=message.path or "/",
+        scheme="HTTPS" if scheme == "HTTPS" else "HTTP",
+        headers=tuple((h.name, h.value) for h in message.headers),
+        grpc_service=message.grpc_service,
+        initial_delay_seconds=message.initial_delay_seconds,
+        period_seconds=message.period_seconds,
+        timeout_seconds=message.timeout_seconds,
+        success_threshold=message.success_threshold,
+        failure_threshold=message.failure_threshold,
+    )
+
+
+def _container_to_pb(container: ContainerSpec) -> pb.ContainerSpec:
+    return pb.ContainerSpec(
+        name=container.name,
+        image=container.image,
+        command=list(container.command),
+        args=list(container.args),
+        env=_env(container.env),
+        ports=_ports(container.ports),
+        working_dir=container.working_dir,
+        cpu=container.cpu,
+        memory_bytes=container.memory_bytes,
+        gpu_count=container.gpu_count,
+        restart_policy=container.restart_policy,
+        startup_probe=_probe_to_pb(container.startup_probe),
+        readiness_probe=_probe_to_pb(container.readiness_probe),
+        liveness_probe=_probe_to_pb(container.liveness_probe),
+        volume_mounts=[
+            pb.VolumeMount(
+                volume=m.volume, mount_path=m.mount_path, read_only=m.read_only, sub_path=m.sub_path
+            )
+            for m in container.volume_mounts
+        ],
+    )
+
+
+def _container_from_pb(message: pb.ContainerSpec, where: str) -> ContainerSpec:
+    return ContainerSpec(
+        name=message.name,
+        image=message.image,
+        command=tuple(message.command),
+        args=tuple(message.args),
+        env=_env_back(list(message.env)),
+        ports=_ports_back(list(message.ports)),
+        working_dir=_optional_str(message, "working_dir"),
+        cpu=message.cpu,
+        memory_bytes=message.memory_bytes,
+        gpu_count=message.gpu_count,
+        restart_policy=_optional_str(message, "restart_policy"),
+        startup_probe=_probe_from_pb(message, "startup_probe", where),
+        readiness_probe=_probe_from_pb(message, "readiness_probe", where),
+        liveness_probe=_probe_from_pb(message, "liveness_probe", where),
+        volume_mounts=tuple(
+            VolumeMount(m.volume, m.mount_path, m.read_only, m.sub_path)
+            for m in message.volume_mounts
+        ),
+    )
+
+
+def spec_to_pb(spec: WorkloadSpec) -> pb.WorkloadSpec:
+    return pb.WorkloadSpec(
+        pod_uid=spec.pod_uid,
+        namespace=spec.namespace,
+        pod_name=spec.pod_name,
+        container_name=spec.container_name,
+        image=spec.image,
+        command=list(spec.command),
+        args=list(spec.args),
+        env=_env(spec.env),
+        ports=_ports(spec.ports),
+        working_dir=spec.working_dir,
+        gpu_count=spec.gpu_count,
+        gpu_models=list(spec.gpu_models),
+        min_gpu_memory_gib=spec.min_gpu_memory_gib,
+        cpu=spec.cpu,
+        memory_bytes=spec.memory_bytes,
+        labels=[pb.Label(key=k, value=v) for k, v in spec.labels],
+        attempt=spec.attempt,
+        containers=[_container_to_pb(c) for c in spec.containers],
+        init_containers=[_container_to_pb(c) for c in spec.init_containers],
+        restart_policy=spec.restart_policy,
+    )
+
+
+def spec_from_pb(message: pb.WorkloadSpec) -> WorkloadSpec:
+    return WorkloadSpec(
+        pod_uid=message.pod_uid,
+        namespace=message.namespace,
+        pod_name=message.pod_name,
+        container_name=message.container_name,
+        image=message.image,
+        command=tuple(message.command),
+        args=tuple(message.args),
+        env=_env_back(list(message.env)),
+        ports=_ports_back(list(message.ports)),
+        working_dir=_optional_str(message, "working_dir"),
+        gpu_count=message.gpu_count,
+        gpu_models=tuple(message.gpu_models),
+        min_gpu_memory_gib=message.min_gpu_memory_gib,
+        cpu=message.cpu,
+        memory_bytes=message.memory_bytes,
+        labels=tuple((label.key, label.value) for label in message.labels),
+        attempt=message.attempt,
+        containers=tuple(
+            _container_from_pb(c, f"spec.containers[{i}]") for i, c in enumerate(message.containers)
+        ),
+        init_containers=tuple(
+            _container_from_pb(c, f"spec.init_containers[{i}]")
+            for i, c in enumerate(message.init_containers)
+        ),
+        restart_policy=message.restart_policy or "Always",
+    )
+
+
+# --------------------------------------------------------------------------- instances
+
+
+def _termination_to_pb(termination: Termination | None) -> pb.Termination | None:
+    if termination is None:
+        return None
+    return pb.Termination(
+        exit_code=termination.exit_code,
+        reason=termination.reason,
+        message=termination.message,
+        started_at=_timestamp(termination.started_at),
+        finished_at=_timestamp(termination.finished_at),
+    )
+
+
+def _status_to_pb(status: ContainerStatus) -> pb.ContainerStatus:
+    return pb.ContainerStatus(
+        name=status.name,
+        state=_CONTAINER_STATES[status.state],
+        reason=status.reason,
+        message=status.message,
+        exit_code=status.exit_code,
+        started_at=_timestamp(status.started_at),
+        finished_at=_timestamp(status.finished_at),
+        restart_count=status.restart_count,
+        last_termination=_termination_to_pb(status.last_termination),
+        ready=status.ready,
+        started=status.started,
+    )
+
+
+def _status_from_pb(message: pb.ContainerStatus, where: str) -> ContainerStatus:
+    state = _CONTAINER_STATES_BACK.get(message.state)
+    if state is None:
+        raise WireError(f"{where}.state", f"unknown container state {message.state}")
+    last = None
+    if message.HasField("last_termination"):
+        t = message.last_termination
+        last = Termination(
+            exit_code=t.exit_code,
+            reason=t.reason,
+            message=t.message,
+            started_at=_when(t, "started_at"),
+            finished_at=_when(t, "finished_at"),
+        )
+    return ContainerStatus(
+        name=message.name,
+        state=state,
+        reason=message.reason,
+        message=message.message,
+        exit_code=message.exit_code if message.HasField("exit_code") else None,
+        started_at=_when(message, "started_at"),
+        finished_at=_when(message, "finished_at"),
+        restart_count=message.restart_count,
+        last_termination=last,
+        ready=message.ready if message.HasField("ready") else None,
+        started=message.started if message.HasField("started") else None,
+    )
+
+
+def instance_to_pb(instance: Instance) -> pb.Instance:
+    return pb.Instance(
+        provider=instance.provider,
+        instance_id=instance.instance_id,
+        pod_uid=instance.pod_uid,
+        attempt=instance.attempt,
+        state=_INSTANCE_STATES[instance.state],
+        offer_key=instance.offer_key,
+        exit_code=instance.exit_code,
+        message=instance.message,
+        started_at=_timestamp(instance.started_at),
+        finished_at=_timestamp(instance.finished_at),
+        ip=instance.ip,
+        price_per_hour=instance.price_per_hour,
+        containers=[_status_to_pb(s) for s in instance.containers],
+        init_containers=[_status_to_pb(s) for s in instance.init_containers],
+    )
+
+
+def instance_from_pb(message: pb.Instance, *, provider: str) -> Instance:
+    """The instance as the agent's provider ``provider`` (its configured name) reports it."""
+    state = _INSTANCE_STATES_BACK.get(message.state)
+    if state is None:
+        raise WireError("instance.state", f"unknown instance state {message.state}")
+    if not message.instance_id:
+        raise WireError("instance.instance_id", "is empty")
+    return Instance(
+        # The agent knows this provider by its own configured name, whatever the plugin calls
+        # itself: annotations, the ledger and the breaker are keyed by it.
+        provider=provider,
+        instance_id=message.instance_id,
+        pod_uid=message.pod_uid,
+        attempt=message.attempt,
+        state=state,
+        offer_key=message.offer_key,
+        exit_code=message.exit_code if message.HasField("exit_code") else None,
+        message=message.message,
+        started_at=_when(message, "started_at"),
+        finished_at=_when(message, "finished_at"),
+        ip=message.ip if message.HasField("ip") else None,
+        price_per_hour=message.price_per_hour,
+        containers=tuple(
+            _status_from_pb(s, f"instance.containers[{i}]")
+            for i, s in enumerate(message.containers)
+        ),
+        init_containers=tuple(
+            _status_from_pb(s, f"instance.init_containers[{i}]")
+            for i, s in enumerate(message.init_containers)
+        ),
+    )
+
+
+# --------------------------------------------------------------------------- logs and usage
+
+
+def log_request_to_pb(instance_id: str, options: LogOptions) -> pb.LogsRequest:
+    return pb.LogsRequest(
+        instance_id=instance_id,
+        tail_lines=options.tail_lines,
+        follow=options.follow,
+        timestamps=options.timestamps,
+        since_seconds=options.since_seconds,
+        limit_bytes=options.limit_bytes,
+        container=options.container,
+        previous=options.previous,
+    )
+
+
+def log_options_from_pb(message: pb.LogsRequest) -> LogOptions:
+    def optional_int(field: str) -> int | None:
+        return int(getattr(message, field)) if message.HasField(field) else None
+
+    return LogOptions(
+        tail_lines=optional_int("tail_lines"),
+        follow=message.follow,
+        timestamps=message.timestamps,
+        since_seconds=optional_int("since_seconds"),
+        limit_bytes=optional_int("limit_bytes"),
+        container=message.container if message.HasField("container") else None,
+        previous=message.previous,
+    )
+
+
+def usage_to_pb(usage: list[ContainerUsage]) -> pb.UsageResponse:
+    return pb.UsageResponse(
+        containers=[
+            pb.ContainerUsage(
+                name=u.name,
+                cpu_core_nanoseconds=u.cpu_core_nanoseconds,
+                memory_working_set_bytes=u.memory_working_set_bytes,
+                timestamp=_timestamp(u.timestamp),
+            )
+            for u in usage
+        ]
+    )
+
+
+def usage_from_pb(message: pb.UsageResponse) -> list[ContainerUsage]:
+    found = []
+    for index, u in enumerate(message.containers):
+        if not u.HasField("timestamp"):
+            raise WireError(f"usage.containers[{index}].timestamp", "is missing")
+        found.append(
+            ContainerUsage(
+                name=u.name,
+                cpu_core_nanoseconds=u.cpu_core_nanoseconds,
+                memory_working_set_bytes=u.memory_working_set_bytes,
+                timestamp=u.timestamp.ToDatetime(tzinfo=UTC),
+            )
+        )
+    return found
