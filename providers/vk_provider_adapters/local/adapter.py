@@ -1,25 +1,27 @@
 """The local provider: runs every container of a pod as a process on this machine.
 
 For development, the demo and end-to-end tests. There are no images: each container's
-``command`` + ``args`` run as a local program under the pod runner
-(``vk_provider_adapters.local.runner``), which runs init containers in order, sidecars beside the
-app, and restarts containers per the pod's restart policy with kubelet's back-off, as a kubelet does
-(so this provider runs whole pods: ``Capabilities.multi_container``); each runner is forked from the
-provider's spawner (``spawner.py``: one interpreter start per provider, not per pod). Offers are
-simulated from the configuration (prices, capacity, launch latency, faults:
-``vk_provider_adapters.local.faults``). Every instance is a directory of files (``records.py``,
-``layout.py``), so a fresh ``LocalProvider`` (an agent restart) finds every instance again, and the
-processes, like cloud machines, keep running while no agent watches them. Logs are CRI log lines per
-container (``logs.py``), the previous run's kept for ``kubectl logs --previous``. ``kubectl exec``,
-``port-forward`` and usage for ``kubectl top`` are ``exec.py``, ``portforward.py`` and ``usage.py``.
+``command`` + ``args`` run as a local program under the pod runner (``runner.py``), which
+runs init containers in order, sidecars beside the app, and restarts containers per the pod's
+restart policy with kubelet's back-off, as a kubelet does (so this provider runs whole pods:
+``Capabilities.multi_container``); each runner is forked from the provider's spawner
+(``spawner.py``: one interpreter start per provider, not per pod). Offers are simulated from
+the configuration (prices, capacity, launch latency); faults are injected by ``injector.py``
+as configured and as ``faults.py`` overrides them. Every instance is a directory of files
+(``records.py``, ``layout.py``), so a fresh ``LocalProvider`` (an agent restart) finds every
+instance again, and the processes, like cloud machines, keep running while no agent watches
+them. Logs are CRI log lines per container (``logs.py``), the previous run's kept for
+``kubectl logs --previous``. ``kubectl exec``, ``port-forward`` and usage for ``kubectl top``
+are ``exec.py``, ``portforward.py`` and ``usage.py``.
 
 Invariants:
 - One instance per ``spec.request_id``: the directory name is derived from it, so a second
   create of the same request returns the first instance and starts no process.
 - The state of an instance is derived from its files and the liveness of its runner, in one
   place (``observe.py``), which also escalates an overdue termination to SIGKILL.
-- SIGTERM goes to the runner, which stops the containers (app containers first, then the
-  sidecars), as a kubelet stops a pod; SIGKILL goes to every process group of the pod.
+- ``teardown.py`` ends an instance on disk: SIGTERM goes to the runner, which stops the
+  containers (app containers first, then the sidecars), as a kubelet stops a pod; SIGKILL
+  goes to every process group of the pod.
 - ``list_ours`` scans the state dir (and forgets instances it finds TERMINATED by removing
   their directory) and rebuilds the index of active instances per sku; ``offers`` and the
   capacity check of ``create`` count the index (no file is read), so ``create``, ``get`` and
@@ -66,49 +68,41 @@ from vk_provider.sdk import (
 )
 from vk_provider_adapters.local.config import LocalProviderConfig
 from vk_provider_adapters.local.exec import start_exec
-from vk_provider_adapters.local.faults import (
-    CALL_ERRORS,
-    CREATE_ERRORS,
-    FAULTS_FILE,
-    Faults,
-    faults_locked,
-    read_fault_overrides,
-)
+from vk_provider_adapters.local.injector import FaultInjector
 from vk_provider_adapters.local.launch import PACKAGE_ROOT, local_containers, write_pod
 from vk_provider_adapters.local.layout import (
     CONTAINER_LOG,
-    CONTAINER_ORDER,
     CONTAINER_RESTART,
-    CONTAINER_SPEC,
-    CONTAINERS_DIR,
     PREVIOUS_LOG,
     container_dir,
     container_names,
     container_spec,
 )
 from vk_provider_adapters.local.logs import stream_log
-from vk_provider_adapters.local.observe import enforce_deadline, kill_all, observe
+from vk_provider_adapters.local.observe import observe
 from vk_provider_adapters.local.portforward import open_local_port
 from vk_provider_adapters.local.processes import signal_runner
 from vk_provider_adapters.local.records import (
     INSTANCE_FILE,
     INSTANCE_ID,
-    RETAINED_LOGS_DIR,
     RUNNER_LOG_FILE,
-    TERMINATE_FILE,
     Record,
-    Termination,
     read_record,
-    read_termination,
     write_json,
 )
 from vk_provider_adapters.local.spawner import Spawner
+from vk_provider_adapters.local.teardown import (
+    ACTIVE,
+    Outcome,
+    release,
+    retained_dir,
+    terminate,
+)
 from vk_provider_adapters.local.usage import instance_usage
 from vk_provider_adapters.simulated import SimulatedOffer, simulated_offer
 
 log = logging.getLogger(__name__)
 
-_ACTIVE = frozenset({InstanceState.PENDING, InstanceState.RUNNING, InstanceState.TERMINATING})
 # A liveness-probe restart: SIGTERM, then SIGKILL after this long (kubelet uses the pod's
 # grace period; a local program that ignores SIGTERM should not hold a restart up for long).
 RESTART_GRACE_SECONDS = 10.0
@@ -149,8 +143,13 @@ class LocalProvider:
         self._state_dir = config.state_dir if config.state_dir is not None else state_dir
         self._state_dir.mkdir(parents=True, exist_ok=True)
         self._offers: dict[str, SimulatedOffer] = {offer.sku: offer for offer in config.offers}
-        # Injectable so tests decide which creates the failure rate fails.
-        self._rng = rng if rng is not None else random.Random()  # noqa: S311 - not crypto
+        # The rng is injectable so tests decide which creates the failure rate fails.
+        self._faults = FaultInjector(
+            config.name,
+            config.faults,
+            self._state_dir,
+            rng if rng is not None else random.Random(),  # noqa: S311 - not crypto
+        )
         # Sku -> ids of every instance that may still hold capacity: built by each scan, kept
         # by create and release. A create's capacity check counts it (no file read) and
         # looks at the sku's instances only when the count says full.
@@ -204,7 +203,7 @@ class LocalProvider:
         # Shielded: a caller that gives up does not stop a create half-way (its files, its
         # runner); the create finishes, and a retry of the same request finds its instance.
         created = await asyncio.shield(pending)
-        if self._lost_response():
+        if self._faults.answer_lost():
             raise Transient("injected timeout after the create went through", provider=self.name)
         return created
 
@@ -245,7 +244,7 @@ class LocalProvider:
         await self._settled(instance_id)
         with _io_errors_as_transient(self.name):
             instance = observe(self._directory(instance_id), provider=self.name)
-        if instance is None or instance.state not in _ACTIVE:
+        if instance is None or instance.state not in ACTIVE:
             self._unindex(instance_id)
         if instance is None:
             raise NotFound(f"no local instance {instance_id!r}", provider=self.name)
@@ -257,7 +256,11 @@ class LocalProvider:
             return  # not a name we ever give, so it does not exist: done
         await self._settled(instance_id)
         with _io_errors_as_transient(self.name):
-            self._delete(self._state_dir / instance_id, grace_seconds)
+            if terminate(self._state_dir / instance_id, grace_seconds, provider=self.name) in (
+                Outcome.RELEASED,
+                Outcome.GONE,
+            ):
+                self._unindex(instance_id)
 
     async def list_ours(self) -> list[Instance]:
         await self._delay()
@@ -269,14 +272,14 @@ class LocalProvider:
         directory = self._directory(instance_id)
         with _io_errors_as_transient(self.name):
             live = read_record(directory) is not None
-            base = directory if live else self._retained(instance_id)
+            base = directory if live else retained_dir(self._state_dir, instance_id)
             if not base.is_dir():
                 raise NotFound(f"no local instance {instance_id!r}", provider=self.name)
             path = self._log_path(base, instance_id, options)
 
         def active() -> bool:
             instance = observe(directory, provider=self.name) if live else None
-            return instance is not None and instance.state in _ACTIVE
+            return instance is not None and instance.state in ACTIVE
 
         async for chunk in stream_log(path, options, active=active):
             yield chunk
@@ -344,31 +347,12 @@ class LocalProvider:
 
     async def _delay(self) -> None:
         with _io_errors_as_transient(self.name):
-            faults = self._faults()
-        if faults.api_latency_seconds > 0:
-            await asyncio.sleep(faults.api_latency_seconds)
-        if faults.call_failure_rate > 0 and self._rng.random() < faults.call_failure_rate:
-            raise self._rng.choice(CALL_ERRORS)(self.name)
+            faults = self._faults.current()
+        await self._faults.before_call(faults)
 
-    def _lost_response(self) -> bool:
-        """A flaky create that worked but whose answer is lost on the way back."""
-        rate = self._faults().call_failure_rate
-        return rate > 0 and self._rng.random() < rate / 3
-
-    def _faults(self) -> Faults:
-        configured = self._config.faults
-        overrides = read_fault_overrides(self._state_dir / FAULTS_FILE)
-        return Faults(
-            create_failure_rate=float(
-                overrides.get("create_failure_rate", configured.create_failure_rate)
-            ),
-            api_latency_seconds=float(
-                overrides.get("api_latency_seconds", configured.api_latency_seconds)
-            ),
-            fail_creates=int(overrides.get("fail_creates", 0)),
-            create_error=str(overrides.get("create_error", configured.create_error)),
-            call_failure_rate=float(overrides.get("call_failure_rate", 0.0)),
-        )
+    def _release(self, directory: Path) -> None:
+        self._unindex(directory.name)
+        release(directory)
 
     def _claim(
         self, spec: WorkloadSpec, offer: Offer, instance_id: str
@@ -389,7 +373,7 @@ class LocalProvider:
         configured = self._offers.get(offer.sku)
         if configured is None or offer.provider != self.name:
             raise CapacityUnavailable(f"no offer {offer.key} here", provider=self.name)
-        self._inject_create_failure()
+        self._faults.fail_create()
         active = self._active_by_sku().get(configured.sku, 0)
         if active >= configured.capacity:
             active = self._active_by_sku(configured.sku).get(configured.sku, 0)
@@ -402,66 +386,6 @@ class LocalProvider:
         if self._index is not None:
             self._index.setdefault(configured.sku, set()).add(instance_id)
         return configured
-
-    def _retained(self, instance_id: str) -> Path:
-        return self._state_dir / RETAINED_LOGS_DIR / instance_id
-
-    def _release(self, directory: Path) -> None:
-        """Forget a finished instance, keeping its containers' logs for a later `logs` call."""
-        self._unindex(directory.name)
-        retained = self._retained(directory.name)
-        shutil.rmtree(retained, ignore_errors=True)
-        names = container_names(directory)
-        for name in names:
-            source = container_dir(directory, name)
-            target = container_dir(retained, name)
-            target.mkdir(parents=True, exist_ok=True)
-            for kept in (CONTAINER_LOG, PREVIOUS_LOG, CONTAINER_SPEC):
-                with contextlib.suppress(FileNotFoundError):
-                    (source / kept).replace(target / kept)
-        if names:
-            write_json(retained / CONTAINERS_DIR / CONTAINER_ORDER, names)
-        shutil.rmtree(directory, ignore_errors=True)
-
-    def _delete(self, directory: Path, grace_seconds: float) -> None:
-        record = read_record(directory)
-        instance = observe(directory, provider=self.name)
-        if record is None or instance is None:
-            # Already gone: a second delete also drops the retained logs.
-            shutil.rmtree(self._retained(directory.name), ignore_errors=True)
-            return
-        if instance.state not in _ACTIVE:
-            # Finished: release it. SIGKILL first in case the runner is still on its way out.
-            kill_all(directory, record)
-            self._release(directory)
-            return
-        now = time.time()
-        deadline = now + max(0.0, grace_seconds)
-        termination = read_termination(directory)
-        if termination is None:
-            termination = Termination(requested_at=now, kill_deadline=deadline)
-            write_json(directory / TERMINATE_FILE, termination.to_json())
-            if record.process is not None and grace_seconds > 0:
-                # To the runner: it stops the containers as a kubelet stops a pod (app
-                # containers first, then the sidecars), each program getting one SIGTERM.
-                signal_runner(record.process, signal.SIGTERM)
-        elif deadline < termination.kill_deadline:
-            termination = Termination(termination.requested_at, deadline, termination.killed_at)
-            write_json(directory / TERMINATE_FILE, termination.to_json())
-        enforce_deadline(directory, record, termination, now)
-
-    def _inject_create_failure(self) -> None:
-        faults = self._faults()
-        error = CREATE_ERRORS.get(faults.create_error, CREATE_ERRORS["capacity"])
-        with faults_locked(self._state_dir) as path:
-            overrides = read_fault_overrides(path)
-            remaining = int(overrides.get("fail_creates", 0))
-            if remaining > 0:
-                write_json(path, {**overrides, "fail_creates": remaining - 1})
-                raise error("injected create failure (fail_creates)", self.name)
-        rate = faults.create_failure_rate
-        if rate > 0 and self._rng.random() < rate:
-            raise error(f"injected create failure (create_failure_rate {rate})", self.name)
 
     def _offer(self, offer: SimulatedOffer, active: int) -> Offer:
         return simulated_offer(self.name, offer, active=active)
@@ -536,7 +460,7 @@ class LocalProvider:
                 self._release(directory)
                 continue
             found.append((record, instance))
-            if instance.state in _ACTIVE:
+            if instance.state in ACTIVE:
                 index.setdefault(record.sku, set()).add(record.instance_id)
         for instance_id, sku in self._claims.items():  # creates under way hold their room
             index.setdefault(sku, set()).add(instance_id)
@@ -560,6 +484,6 @@ class LocalProvider:
                 if instance_id in self._claims:
                     continue  # a create under way: not whole yet, and it holds its room
                 instance = observe(self._state_dir / instance_id, provider=self.name)
-                if instance is None or instance.state not in _ACTIVE:
+                if instance is None or instance.state not in ACTIVE:
                     ids.discard(instance_id)
         return {sku: len(ids) for sku, ids in self._index.items()}
