@@ -71,25 +71,14 @@ def container_name_for(request_id: str, container: str) -> str:
 
 def pod_containers(spec: WorkloadSpec) -> list[PodContainer]:
     """The pod's containers in the order they start: init containers (sidecars among them) in
-    order, then the app containers. A spec without ``containers`` (built by hand) is its one
-    container, described by the spec's own fields."""
-    apps = spec.containers or (
-        ContainerSpec(
-            name=spec.container_name,
-            image=spec.image,
-            command=spec.command,
-            args=spec.args,
-            env=spec.env,
-            ports=spec.ports,
-            working_dir=spec.working_dir,
-            gpu_count=spec.gpu_count,
-        ),
-    )
+    order, then the app containers."""
     ordered = [
         PodContainer("sidecar" if c.sidecar else "init", c, f"spec.initContainers[{i}]")
         for i, c in enumerate(spec.init_containers)
     ]
-    ordered += [PodContainer("app", c, f"spec.containers[{i}]") for i, c in enumerate(apps)]
+    ordered += [
+        PodContainer("app", c, f"spec.containers[{i}]") for i, c in enumerate(spec.containers)
+    ]
     return ordered
 
 

@@ -41,6 +41,7 @@ from werkzeug.datastructures import Headers, ImmutableMultiDict
 
 from tests.contract.harness import FailureKind
 from tests.fixtures import PROVIDER_APIS
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import NotFound
 from vk_provider.domain.models import InstanceState, LogOptions, Offer, WorkloadSpec
@@ -643,9 +644,11 @@ class LambdaHarness:
             pod_uid=pod_uid,
             namespace="ns",
             pod_name="p",
-            container_name="c",
-            image="nvidia/cuda:12.4.1-base-ubuntu22.04",
-            command=("nvidia-smi",),
+            containers=(
+                ContainerSpec(
+                    name="c", image="nvidia/cuda:12.4.1-base-ubuntu22.04", command=("nvidia-smi",)
+                ),
+            ),
             gpu_count=1,
             attempt=attempt,
         )

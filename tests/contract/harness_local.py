@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from tests.contract.harness import FailureKind
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
 from vk_provider_adapters.local.adapter import LocalProvider
@@ -55,9 +56,7 @@ class LocalHarness:
             pod_uid=pod_uid,
             namespace="ns",
             pod_name="p",
-            container_name="c",
-            image="example/image:1",
-            command=command,
+            containers=(ContainerSpec(name="c", image="example/image:1", command=command),),
             attempt=attempt,
         )
 

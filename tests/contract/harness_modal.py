@@ -14,6 +14,7 @@ from typing import Literal
 
 from tests.contract.harness import FailureKind
 from tests.unit.fake_modal import FakeSandboxClient
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -86,9 +87,13 @@ class ModalHarness:
             pod_uid=pod_uid,
             namespace="ns",
             pod_name="p",
-            container_name="c",
-            image="vllm/vllm-openai:latest",
-            command=("python", "-m", "http.server"),
+            containers=(
+                ContainerSpec(
+                    name="c",
+                    image="vllm/vllm-openai:latest",
+                    command=("python", "-m", "http.server"),
+                ),
+            ),
             gpu_count=1,
             attempt=attempt,
         )

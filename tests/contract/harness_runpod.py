@@ -36,6 +36,7 @@ from referencing.jsonschema import DRAFT202012
 
 from tests.contract.harness import FailureKind
 from tests.fixtures import PROVIDER_APIS
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
 from vk_provider_adapters.runpod.adapter import RunPodProvider
@@ -463,9 +464,11 @@ class RunPodHarness:
             pod_uid=pod_uid,
             namespace="ns",
             pod_name="p",
-            container_name="c",
-            image="ghcr.io/example/trainer:1",
-            command=("python", "train.py"),
+            containers=(
+                ContainerSpec(
+                    name="c", image="ghcr.io/example/trainer:1", command=("python", "train.py")
+                ),
+            ),
             gpu_count=1,
             attempt=attempt,
         )

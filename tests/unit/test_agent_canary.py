@@ -98,7 +98,7 @@ class CarelessProvider(MemoryProvider):
     """An adapter that forgot to redact: its create error carries the spec's secrets."""
 
     async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
-        secrets = [var.value for var in spec.env if var.secret]
+        secrets = list(spec.secret_values)
         raise CapacityUnavailable(
             "sold out; request was " + canary.echo(secrets), provider=self.name
         )

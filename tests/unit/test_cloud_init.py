@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import wait_until
 from tests.unit import canary
+from tests.workloads import workload
 from vk_provider.domain.errors import InvalidSpec
 from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
 from vk_provider_adapters import sealed_env
@@ -93,7 +94,7 @@ def make_spec(**overrides: Any) -> WorkloadSpec:
         "gpu_count": 1,
     }
     fields.update(overrides)
-    return WorkloadSpec(**fields)
+    return workload(**fields)
 
 
 def document(user_data: str) -> dict[str, Any]:
@@ -364,7 +365,7 @@ def test_gpus_env_file_ports_and_workdir() -> None:
     # The sandbox owns the network namespace, so it publishes the ports; the container joins.
     assert "--publish" not in argv
     assert argv[argv.index("--network") + 1] == f"container:{sandbox_name_for(spec.request_id)}"
-    sandbox = sandbox_argv(name="s", request_id="r", ports=spec.ports, image="pause")
+    sandbox = sandbox_argv(name="s", request_id="r", ports=spec.main.ports, image="pause")
     published = [sandbox[i + 1] for i, arg in enumerate(sandbox) if arg == "--publish"]
     assert published == ["8080:8080/tcp", "53:53/udp", "9000:9000/sctp"]
 

@@ -6,6 +6,7 @@ import pytest
 from vk_provider_example.adapter import ExampleProvider
 from vk_provider_example.config import ExampleSettings
 
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import CapacityUnavailable, NotFound
 from vk_provider.domain.models import InstanceState, WorkloadSpec
@@ -18,7 +19,11 @@ def provider() -> ExampleProvider:
 
 def _spec(uid: str, attempt: int = 0) -> WorkloadSpec:
     return WorkloadSpec(
-        pod_uid=uid, namespace="ns", pod_name="p", container_name="c", image="i", attempt=attempt
+        pod_uid=uid,
+        namespace="ns",
+        pod_name="p",
+        containers=(ContainerSpec(name="c", image="i"),),
+        attempt=attempt,
     )
 
 

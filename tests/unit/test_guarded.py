@@ -12,7 +12,7 @@ import pytest
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.domain.breaker import BreakerState, CircuitBreaker
-from vk_provider.domain.containers import ContainerUsage
+from vk_provider.domain.containers import ContainerSpec, ContainerUsage
 from vk_provider.domain.contract import ExecSession, PortStream
 from vk_provider.domain.errors import (
     CapacityUnavailable,
@@ -45,7 +45,9 @@ OFFER = Offer(
     memory_gib=64.0,
     price_per_hour=2.0,
 )
-SPEC = WorkloadSpec(pod_uid="uid", namespace="ns", pod_name="p", container_name="c", image="img")
+SPEC = WorkloadSpec(
+    pod_uid="uid", namespace="ns", pod_name="p", containers=(ContainerSpec(name="c", image="img"),)
+)
 INSTANCE = Instance(
     provider="flaky", instance_id="i-1", pod_uid="uid", attempt=0, state=InstanceState.RUNNING
 )

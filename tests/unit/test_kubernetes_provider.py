@@ -127,13 +127,20 @@ def _spec(
         pod_uid=uid,
         namespace="team-a",
         pod_name="train",
-        container_name="main",
-        image=image,
-        command=("python", "train.py"),
-        args=("--epochs", "3"),
-        env=env,
-        ports=(Port(8080, "TCP", "http"),),
-        working_dir="/work",
+        containers=(
+            ContainerSpec(
+                name="main",
+                image=image,
+                command=("python", "train.py"),
+                args=("--epochs", "3"),
+                env=env,
+                ports=(Port(8080, "TCP", "http"),),
+                working_dir="/work",
+                cpu=cpu,
+                memory_bytes=int(memory_gib * 2**30),
+                gpu_count=gpus,
+            ),
+        ),
         gpu_count=gpus,
         cpu=cpu,
         memory_bytes=int(memory_gib * 2**30),
@@ -1005,15 +1012,8 @@ def _whole_spec(
         pod_uid=UID,
         namespace="team-a",
         pod_name="train",
-        container_name="train",
-        image=train.image,
-        command=train.command,
-        args=train.args,
-        env=train.env,
-        ports=train.ports,
-        working_dir=train.working_dir,
         gpu_count=sum(gpus),
-        cpu=4.0,  # the largest plain init container (apps + sidecar: 2.75)
+        cpu=4.0,
         memory_bytes=int(4.375 * 2**30),
         containers=(train, exporter),
         init_containers=(fetch, proxy),
@@ -1150,26 +1150,8 @@ def test_a_container_that_asks_nothing_of_a_full_shape_gets_no_zero_limit() -> N
     assert exporter_json["resources"]["requests"]["cpu"] == "0m"
 
 
-def test_one_listed_container_keeps_the_single_container_resources() -> None:
-    old = _spec()  # an older caller: no containers, the top-level fields
-    listed = dataclasses.replace(
-        old,
-        containers=(
-            ContainerSpec(
-                name="main",
-                image=old.image,
-                command=old.command,
-                args=old.args,
-                ports=old.ports,
-                working_dir=old.working_dir,
-                cpu=old.cpu,
-                memory_bytes=old.memory_bytes,
-                gpu_count=old.gpu_count,
-            ),
-        ),
-    )
-    assert _build(listed) == _build(old)
-    (container,) = _build(old)["spec"]["containers"]
+def test_a_one_container_pod_requests_its_own_and_is_limited_to_the_offer() -> None:
+    (container,) = _build(_spec())["spec"]["containers"]
     assert container["resources"] == {
         "requests": {"cpu": "2000m", "memory": str(4 * 2**30)},
         "limits": {"cpu": "8000m", "memory": "32768Mi", GPU_RESOURCE: "1"},

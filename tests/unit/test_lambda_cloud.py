@@ -36,6 +36,7 @@ from tests.contract.harness_lambda import (
     spec_path,
 )
 from tests.unit import canary
+from tests.workloads import workload
 from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
@@ -107,7 +108,7 @@ def make_spec(pod_uid: str = UID, attempt: int = 0, **overrides: Any) -> Workloa
         "attempt": attempt,
     }
     fields.update(overrides)
-    return WorkloadSpec(**fields)
+    return workload(**fields)
 
 
 async def a10(provider: LambdaCloudProvider, region: str = "us-west-1") -> Offer:

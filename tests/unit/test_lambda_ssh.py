@@ -41,6 +41,7 @@ from tests.contract.harness_lambda import (
 from tests.helpers import wait_for
 from tests.openssh import Sshd, SshdBinary, SshdUnavailable, ensure_sshd, free_port
 from tests.unit import canary
+from tests.workloads import workload
 from vk_provider.domain.containers import ContainerSpec, ContainerState
 from vk_provider.domain.errors import NotFound, Transient
 from vk_provider.domain.models import EnvVar, Instance, InstanceState, LogOptions, WorkloadSpec
@@ -338,7 +339,7 @@ def spec(attempt: int = 0, **overrides: Any) -> WorkloadSpec:
         "attempt": attempt,
     }
     fields.update(overrides)
-    return WorkloadSpec(**fields)
+    return workload(**fields)
 
 
 async def launched_vm(

@@ -32,6 +32,7 @@ from tests.contract.harness_lambda import (
     openapi,
 )
 from tests.unit import canary
+from tests.workloads import workload
 from vk_provider.domain.containers import ContainerState as Runtime
 from vk_provider.domain.containers import ContainerStatus, Termination
 from vk_provider.domain.errors import AuthFailed, Transient
@@ -102,7 +103,7 @@ def spec(**overrides: Any) -> WorkloadSpec:
         "gpu_count": 1,
     }
     fields.update(overrides)
-    return WorkloadSpec(**fields)
+    return workload(**fields)
 
 
 def report_of(*containers: ContainerReport, phase: str = "running", **more: Any) -> VmReport:

@@ -15,6 +15,7 @@ import pytest
 
 from vk_provider.controllers.launch import Launcher, LaunchResult
 from vk_provider.domain.budget import BudgetCaps, BudgetLedger
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -142,7 +143,10 @@ REQUEST = PlacementRequest(gpu_count=1)
 
 def spec(uid: str = "pod-1", namespace: str = "ml") -> WorkloadSpec:
     return WorkloadSpec(
-        pod_uid=uid, namespace=namespace, pod_name=uid, container_name="main", image="img"
+        pod_uid=uid,
+        namespace=namespace,
+        pod_name=uid,
+        containers=(ContainerSpec(name="main", image="img"),),
     )
 
 

@@ -337,12 +337,7 @@ async def test_exec_usage_and_port_forward_of_a_pod_the_runner_runs(
     )
     side = ContainerSpec(name="side", image="ignored", command=("sleep", "300"))
     spec = WorkloadSpec(
-        pod_uid="exec-pod",
-        namespace="default",
-        pod_name="p",
-        container_name="app",
-        image="ignored",
-        containers=(app, side),
+        pod_uid="exec-pod", namespace="default", pod_name="p", containers=(app, side)
     )
     created = await provider.create(spec, await offer(provider))
     await wait_state(provider, created.instance_id, InstanceState.RUNNING, timeout=20)

@@ -58,8 +58,6 @@ def pod(
         pod_uid=uid,
         namespace="default",
         pod_name=f"p-{uid}",
-        container_name=apps[0].name,
-        image="ignored",
         containers=tuple(apps),
         init_containers=tuple(inits or ()),
         restart_policy=policy,

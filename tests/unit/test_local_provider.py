@@ -22,6 +22,7 @@ import pytest
 
 import vk_provider_adapters.local.adapter as adapter_module
 from tests.helpers import wait_for
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -88,12 +89,16 @@ def make_spec(
         pod_uid=uid,
         namespace="default",
         pod_name=f"p-{uid}",
-        container_name="main",
-        image="ignored:latest",
-        command=(PY, "-c") if script is not None else (),
-        args=(script,) if script is not None else (),
-        env=env,
-        working_dir=working_dir,
+        containers=(
+            ContainerSpec(
+                name="main",
+                image="ignored:latest",
+                command=(PY, "-c") if script is not None else (),
+                args=(script,) if script is not None else (),
+                env=env,
+                working_dir=working_dir,
+            ),
+        ),
         attempt=attempt,
         restart_policy=restart_policy,
     )
@@ -249,9 +254,7 @@ async def test_args_alone_name_the_program(provider: LocalProvider) -> None:
         pod_uid="args",
         namespace="default",
         pod_name="p",
-        container_name="main",
-        image="x",
-        args=(PY, "-c", "print('from args')"),
+        containers=(ContainerSpec(name="main", image="x", args=(PY, "-c", "print('from args')")),),
         restart_policy="Never",
     )
     created = await provider.create(spec, await offer(provider))
@@ -293,9 +296,7 @@ async def test_a_missing_program_exits_127(provider: LocalProvider) -> None:
         pod_uid="nope",
         namespace="d",
         pod_name="p",
-        container_name="c",
-        image="x",
-        command=("/nonexistent/program",),
+        containers=(ContainerSpec(name="c", image="x", command=("/nonexistent/program",)),),
         restart_policy="Never",
     )
     created = await provider.create(spec, await offer(provider))

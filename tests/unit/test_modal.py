@@ -21,6 +21,7 @@ import pytest
 
 from tests.unit import canary
 from tests.unit.fake_modal import FakeSandboxClient
+from tests.workloads import workload
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -86,7 +87,7 @@ def make_spec(pod_uid: str = "0f6d7c3e-1b2a-4c5d-9e8f-001122334455", **fields: A
         "gpu_count": 1,
     }
     values.update(fields)
-    return WorkloadSpec(**values)
+    return workload(**values)
 
 
 @pytest.fixture

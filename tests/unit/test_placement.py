@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.workloads import workload
 from vk_provider.domain.budget import BudgetView
 from vk_provider.domain.models import Capabilities, Offer, WorkloadSpec
 from vk_provider.domain.placement import (
@@ -529,7 +530,7 @@ def spec(**fields: object) -> WorkloadSpec:
         "image": "busybox",
     }
     base.update(fields)
-    return WorkloadSpec(**base)  # type: ignore[arg-type]
+    return workload(**base)  # type: ignore[arg-type]
 
 
 def test_from_workload_defaults_and_resources() -> None:

@@ -13,6 +13,7 @@ import pytest
 from tests.helpers import wait_for
 from tests.integration.agent_harness import reap_runners
 from tests.plugin_process import PluginProcess, local_entry, tls_material
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.errors import ProviderError, Transient
 from vk_provider.domain.models import InstanceState, LogOptions, WorkloadSpec
 from vk_provider_adapters.plugin.client import GrpcProvider
@@ -60,12 +61,16 @@ async def test_a_killed_plugin_fails_calls_as_transient_and_recovers_on_restart(
             pod_uid="uid-kill",
             namespace="ns",
             pod_name="p",
-            container_name="c",
-            image="example/image:1",
-            command=(
-                sys.executable,
-                "-c",
-                "print('hello', flush=True); import time; time.sleep(120)",
+            containers=(
+                ContainerSpec(
+                    name="c",
+                    image="example/image:1",
+                    command=(
+                        sys.executable,
+                        "-c",
+                        "print('hello', flush=True); import time; time.sleep(120)",
+                    ),
+                ),
             ),
         )
         (offer,) = await client.offers()

@@ -26,7 +26,7 @@ from vk_provider.domain.models import (
     Port,
     WorkloadSpec,
 )
-from vk_provider_adapters.plugin import wire
+from vk_provider_adapters.plugin import wire, wire_workload
 from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
@@ -67,13 +67,6 @@ SPEC = WorkloadSpec(
     pod_uid="uid-1",
     namespace="ns",
     pod_name="p",
-    container_name="app",
-    image="example/app:1",
-    command=APP.command,
-    args=APP.args,
-    env=APP.env,
-    ports=APP.ports,
-    working_dir="/srv",
     gpu_count=1,
     gpu_models=("H100", "A100-80GB"),
     min_gpu_memory_gib=40,
@@ -88,16 +81,20 @@ SPEC = WorkloadSpec(
 
 
 def test_a_whole_pod_spec_survives_the_wire() -> None:
-    back = wire.spec_from_pb(pb.WorkloadSpec.FromString(wire.spec_to_pb(SPEC).SerializeToString()))
+    back = wire_workload.spec_from_pb(
+        pb.WorkloadSpec.FromString(wire_workload.spec_to_pb(SPEC).SerializeToString())
+    )
     assert back == SPEC
     assert back.request_id == SPEC.request_id
 
 
 def test_a_single_container_spec_keeps_its_nones() -> None:
-    spec = WorkloadSpec(pod_uid="u", namespace="n", pod_name="p", container_name="c", image="i")
-    back = wire.spec_from_pb(wire.spec_to_pb(spec))
+    spec = WorkloadSpec(
+        pod_uid="u", namespace="n", pod_name="p", containers=(ContainerSpec(name="c", image="i"),)
+    )
+    back = wire_workload.spec_from_pb(wire_workload.spec_to_pb(spec))
     assert back == spec
-    assert back.working_dir is None and back.restart_policy == "Always"
+    assert back.main.working_dir is None and back.restart_policy == "Always"
 
 
 def test_an_instance_with_container_statuses_survives_the_wire() -> None:
@@ -198,10 +195,10 @@ def test_an_instance_this_agent_cannot_read_names_the_field(
 
 
 def test_garbled_specs_capabilities_and_usage_name_the_field() -> None:
-    spec = wire.spec_to_pb(SPEC)
+    spec = wire_workload.spec_to_pb(SPEC)
     spec.containers[0].liveness_probe.kind = "carrier-pigeon"
     with pytest.raises(wire.WireError, match=r"spec.containers\[0\].liveness_probe.kind"):
-        wire.spec_from_pb(spec)
+        wire_workload.spec_from_pb(spec)
     with pytest.raises(wire.WireError, match=r"capabilities\.probes"):
         wire.capabilities_from_pb(pb.Capabilities(probes="everyone"))
     with pytest.raises(wire.WireError, match=r"usage.containers\[0\].timestamp"):

@@ -1,11 +1,11 @@
-"""The gRPC wire (``providers/vk_provider_adapters/plugin/wire.py``) against the protocol's own
-descriptors.
+"""The gRPC wire (``vk_provider_adapters.plugin.wire`` and ``wire_workload``) against the
+protocol's own descriptors.
 
 Two checks that fail when a field is added on one side only:
 
 - every domain type that crosses the wire has exactly the fields of its message (the few
   differences are listed in ``NOT_ON_BOTH``, each with its reason);
-- samples that set every domain field, sent through ``wire``, set every field of every
+- samples that set every domain field, sent through the wire modules, set every field of every
   message reachable from the request and answer types, and come back equal: a field the
   mapping forgets in one direction is either unset on the wire or lost on the way back.
 
@@ -30,7 +30,7 @@ from vk_provider.domain.containers import (
     Termination,
 )
 from vk_provider.domain.models import Capabilities, Instance, InstanceState, LogOptions, Offer
-from vk_provider_adapters.plugin import wire
+from vk_provider_adapters.plugin import wire, wire_workload
 from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 
 # message -> (fields only on the wire, fields only in the domain type), with why.
@@ -155,7 +155,7 @@ CAPABILITIES = Capabilities(
 
 def test_full_samples_set_every_reachable_field_and_come_back_equal() -> None:
     messages = [
-        wire.spec_to_pb(FULL_SPEC),
+        wire_workload.spec_to_pb(FULL_SPEC),
         wire.instance_to_pb(INSTANCE),
         wire.offer_to_pb(OFFER),
         wire.log_request_to_pb("i-1", LOGS),
@@ -168,7 +168,7 @@ def test_full_samples_set_every_reachable_field_and_come_back_equal() -> None:
         _reachable(message.DESCRIPTOR, reachable)
         _set(message, seen)
     assert sorted(reachable - seen) == []
-    assert wire.spec_from_pb(messages[0]) == FULL_SPEC
+    assert wire_workload.spec_from_pb(messages[0]) == FULL_SPEC
     assert wire.instance_from_pb(messages[1], provider="p") == INSTANCE
     assert wire.offer_from_pb(messages[2]) == OFFER
     assert wire.log_options_from_pb(messages[3]) == LOGS

@@ -31,6 +31,7 @@ import yaml
 
 from tests.helpers import wait_until
 from tests.unit import canary
+from tests.workloads import workload
 from vk_provider.domain.containers import ContainerSpec, VolumeMount
 from vk_provider.domain.errors import InvalidSpec
 from vk_provider.domain.models import EnvVar, Port, WorkloadSpec
@@ -148,7 +149,7 @@ def make_pod(**overrides: Any) -> WorkloadSpec:
         ),
     }
     fields.update(overrides)
-    return WorkloadSpec(**fields)
+    return workload(**fields)
 
 
 def documents(user_data: str) -> dict[str, Any]:

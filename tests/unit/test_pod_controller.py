@@ -15,6 +15,7 @@ import pytest
 from tests.unit.controller_harness import Core, gpu_offer, memory_provider, pod_manifest
 from vk_provider.controllers.offers import RECHECK_SECONDS
 from vk_provider.domain.budget import BudgetCaps
+from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.errors import CapacityUnavailable, Transient
 from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
 from vk_provider.domain.podview import ANN_INSTANCE, ANN_OFFER, ANN_PROVIDER
@@ -35,8 +36,7 @@ def spec(uid: str, attempt: int = 0) -> WorkloadSpec:
         pod_uid=uid,
         namespace="ns",
         pod_name="p",
-        container_name="main",
-        image="img",
+        containers=(ContainerSpec(name="main", image="img"),),
         attempt=attempt,
     )
 
@@ -237,7 +237,10 @@ async def test_capacity_freed_behind_our_back_is_seen_within_seconds() -> None:
     async with core.running():
         offer = (await provider.offers())[0]
         spec = WorkloadSpec(
-            pod_uid="squatter", namespace="ns", pod_name="other", container_name="c", image="i"
+            pod_uid="squatter",
+            namespace="ns",
+            pod_name="other",
+            containers=(ContainerSpec(name="c", image="i"),),
         )
         squatter = await provider.create(spec, offer)
         await core.kube.create_pod(pod_manifest("waiting"))

@@ -36,6 +36,7 @@ from tests.contract.harness_runpod import (
     v1_validator,
 )
 from tests.unit import canary
+from tests.workloads import workload as make_workload
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
     AuthFailed,
@@ -127,7 +128,7 @@ def spec(pod_uid: str = "0b7c6d5e-1111-4a2b-9c3d-123456789abc", **fields: Any) -
         "gpu_count": 1,
         **fields,
     }
-    return WorkloadSpec(**values)
+    return make_workload(**values)
 
 
 def offer(sku: str = "secure:on-demand:1x:NVIDIA L40S", region: str = "any") -> Offer:

@@ -121,7 +121,7 @@ def config_map(
 
 
 def env_of(workload: WorkloadSpec) -> dict[str, str]:
-    return {var.name: var.value for var in workload.env}
+    return {var.name: var.value for var in workload.main.env}
 
 
 def with_env(env: list[dict[str, Any]], **container: Any) -> dict[str, Any]:
@@ -172,13 +172,6 @@ def test_a_full_pod_translates_to_the_workload_spec() -> None:
         pod_uid="3f1c2b9a-0000-4000-8000-000000000001",
         namespace="ml",
         pod_name="train-0",
-        container_name="main",
-        image="ghcr.io/acme/train:1",
-        command=("python", "-m", "train"),
-        args=("--epochs", "3"),
-        env=(EnvVar("MODE", "fast"),),
-        ports=(Port(8080, "TCP", "http"), Port(5353, "UDP", None)),
-        working_dir="/workspace",
         gpu_count=2,
         gpu_models=("H100", "A100-80GB"),
         min_gpu_memory_gib=40.0,
@@ -206,8 +199,8 @@ def test_a_full_pod_translates_to_the_workload_spec() -> None:
 
 def test_a_minimal_pod_gets_the_defaults() -> None:
     workload = translate(make_pod(metadata={"labels": None, "annotations": None}))
-    assert workload.command == () and workload.args == () and workload.env == ()
-    assert workload.working_dir is None and workload.ports == () and workload.labels == ()
+    assert workload.main.command == () and workload.main.args == () and workload.main.env == ()
+    assert workload.main.working_dir is None and workload.main.ports == () and workload.labels == ()
     assert (workload.gpu_count, workload.cpu, workload.memory_bytes) == (0, 0.0, 0)
     assert workload.gpu_models == () and workload.min_gpu_memory_gib == 0.0
 
@@ -389,7 +382,7 @@ def test_supported_volumes_and_ignored_features_pass() -> None:
             "tty": True,
         },
     )
-    assert translate(pod).image == "ghcr.io/acme/train:1"
+    assert translate(pod).main.image == "ghcr.io/acme/train:1"
 
 
 # --------------------------------------------------------------------------- env: values and $(VAR)
@@ -452,7 +445,7 @@ def test_env_keeps_one_entry_per_name_last_wins_first_position() -> None:
         {"name": "A", "value": "3"},
     ]
     workload = translate(with_env(env))
-    assert workload.env == (EnvVar("A", "3"), EnvVar("B", "2"))
+    assert workload.main.env == (EnvVar("A", "3"), EnvVar("B", "2"))
 
 
 def test_a_non_empty_value_wins_over_value_from_as_in_kubelet() -> None:
@@ -498,7 +491,7 @@ def test_field_ref_paths(path: str, expected: str) -> None:
         metadata={"annotations": {"example.com/owner": "ada", "odd']key": "brackets"}},
         status={"podIP": "100.64.0.7", "podIPs": [{"ip": "100.64.0.7"}, {"ip": "fd00::7"}]},
     )
-    var = translate(pod).env[0]
+    var = translate(pod).main.env[0]
     assert var == EnvVar("V", expected, secret=False)
 
 
@@ -692,7 +685,7 @@ def test_secret_key_ref_is_decoded_and_marked_secret() -> None:
     workload = translate(
         with_env(_secret_env()), secrets={"creds": secret("creds", {"token": "s3cr3t"})}
     )
-    assert workload.env == (EnvVar("TOKEN", "s3cr3t", secret=True),)
+    assert workload.main.env == (EnvVar("TOKEN", "s3cr3t", secret=True),)
 
 
 def test_secret_string_data_is_honoured_over_data() -> None:
@@ -705,7 +698,7 @@ def test_config_map_key_ref_reads_data_then_binary_data() -> None:
     blob = {"name": "BLOB", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "blob"}}}
     env = [*_config_env(), blob]
     workload = translate(with_env(env), config_maps={"settings": settings})
-    assert workload.env == (EnvVar("LEVEL", "debug"), EnvVar("BLOB", "bin-text"))
+    assert workload.main.env == (EnvVar("LEVEL", "debug"), EnvVar("BLOB", "bin-text"))
 
 
 @pytest.mark.parametrize(
@@ -802,7 +795,7 @@ def test_env_from_with_prefix_skips_invalid_names_and_marks_secrets() -> None:
             "creds": secret("creds", {"PASSWORD": "pw", "1BAD": "z"}, string_data={"USER": "u"})
         },
     )
-    assert workload.env == (
+    assert workload.main.env == (
         EnvVar("CFG_level", "info"),
         EnvVar("CFG_a.b-c", "y"),
         EnvVar("PASSWORD", "pw", secret=True),
@@ -836,7 +829,7 @@ def test_env_overrides_env_from_and_later_env_from_overrides_earlier() -> None:
             "second": config_map("second", {"BOTH": "2"}),
         },
     )
-    assert workload.env == (
+    assert workload.main.env == (
         EnvVar("SHARED", "from-env:f"),
         EnvVar("ONLY_FIRST", "f"),
         EnvVar("BOTH", "2"),
@@ -860,7 +853,7 @@ def test_env_from_missing_objects() -> None:
             ]
         }
     )
-    assert translate(optional).env == ()
+    assert translate(optional).main.env == ()
 
 
 def test_env_from_without_source_is_refused() -> None:
@@ -890,7 +883,7 @@ def test_secret_values_never_show_in_repr_and_taint_what_expands_them() -> None:
             "bulk": secret("bulk", {"DB_PASSWORD": "bulk-password-9"}),
         },
     )
-    by_name = {var.name: var for var in workload.env}
+    by_name = {var.name: var for var in workload.main.env}
     assert by_name["TOKEN"].secret and by_name["DB_PASSWORD"].secret
     assert by_name["URL"] == EnvVar("URL", "https://user:hunter2-token@example.com", secret=True)
     assert by_name["ESCAPED"] == EnvVar("ESCAPED", "$(TOKEN)", secret=False)
@@ -906,8 +899,8 @@ def test_command_and_args_expand_the_final_environment() -> None:
         args=["--bind=$(HOST):$(PORT)", "$$(PORT)", "$(UNSET)"],
     )
     workload = translate(pod)
-    assert workload.command == ("serve", "--port=8080")
-    assert workload.args == ("--bind=127.0.0.1:8080", "$(PORT)", "$(UNSET)")
+    assert workload.main.command == ("serve", "--port=8080")
+    assert workload.main.args == ("--bind=127.0.0.1:8080", "$(PORT)", "$(UNSET)")
 
 
 @pytest.mark.parametrize("key", ["command", "args"])

@@ -53,7 +53,7 @@ def test_every_container_is_translated_in_order_with_its_own_environment() -> No
     assert [(v.name, v.value) for v in workload.containers[0].env] == [("ROLE", "app")]
     assert workload.init_containers[0].command == ("migrate",)
     # The single-container fields describe the first app container.
-    assert (workload.container_name, workload.image) == ("app", "img/app:1")
+    assert (workload.main.name, workload.main.image) == ("app", "img/app:1")
     assert workload.restart_policy == "Always"
 
 

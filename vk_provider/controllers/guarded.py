@@ -154,7 +154,7 @@ class GuardedProvider:
     async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
         self._fence(f"create an instance on {self.name}")
         self._refuse_if_open("create")
-        secrets = Redactor(tuple(var.value for var in spec.env if var.secret))
+        secrets = Redactor(spec.secret_values)
         return await self._call("create", lambda: self._inner.create(spec, offer), secrets)
 
     async def get(self, instance_id: str) -> Instance:

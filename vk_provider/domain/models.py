@@ -24,18 +24,21 @@ __all__ = ["EnvVar", "Port"]  # adapters import them from here, with the rest of
 
 @dataclass(frozen=True, slots=True)
 class WorkloadSpec:
-    """A pod to run, translated once from the pod (``vk_provider.domain.workload``)."""
+    """A pod to run, translated once from the pod (``vk_provider.domain.workload``).
+
+    One shape for every provider: the pod's app containers (at least one; ``main`` is the
+    first), its init containers in order (native sidecars among them), its restart policy,
+    and the pod's effective resources (kubelet's: what the pod holds at its largest), which is
+    what an offer must fit. A provider that runs one container per instance runs ``main``;
+    ``PodShape`` (``domain.placement``) keeps pods with more containers away from it.
+    """
 
     pod_uid: str
     namespace: str
     pod_name: str
-    container_name: str
-    image: str
-    command: tuple[str, ...] = ()
-    args: tuple[str, ...] = ()
-    env: tuple[EnvVar, ...] = ()
-    ports: tuple[Port, ...] = ()
-    working_dir: str | None = None
+    containers: tuple[ContainerSpec, ...]
+    init_containers: tuple[ContainerSpec, ...] = ()
+    restart_policy: str = "Always"
     gpu_count: int = 0
     gpu_models: tuple[str, ...] = ()
     min_gpu_memory_gib: float = 0.0
@@ -43,12 +46,25 @@ class WorkloadSpec:
     memory_bytes: int = 0
     labels: tuple[tuple[str, str], ...] = ()
     attempt: int = 0
-    # Every app container (the first is the one the fields above describe), the init
-    # containers in order (sidecars among them), and the pod's restart policy: for providers
-    # whose capabilities run whole pods. A single-container provider reads the fields above.
-    containers: tuple[ContainerSpec, ...] = ()
-    init_containers: tuple[ContainerSpec, ...] = ()
-    restart_policy: str = "Always"
+
+    def __post_init__(self) -> None:
+        if not self.containers:
+            raise ValueError("a WorkloadSpec needs at least one app container (containers)")
+
+    @property
+    def main(self) -> ContainerSpec:
+        """The first app container: the one a single-container provider runs."""
+        return self.containers[0]
+
+    @property
+    def every_container(self) -> tuple[ContainerSpec, ...]:
+        """Init containers (sidecars among them) in order, then the app containers."""
+        return (*self.init_containers, *self.containers)
+
+    @property
+    def secret_values(self) -> tuple[str, ...]:
+        """Every secret env value of every container: what must never leave unredacted."""
+        return tuple(v.value for c in self.every_container for v in c.env if v.secret and v.value)
 
     @property
     def request_id(self) -> str:

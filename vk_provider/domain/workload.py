@@ -211,18 +211,13 @@ def to_workload(
     if policy not in ("Always", "OnFailure", "Never"):
         raise InvalidPodSpec("spec.restartPolicy", "must be Always, OnFailure or Never")
     total = _effective(apps, inits)
-    main = containers[0]
     return WorkloadSpec(
         pod_uid=uid,
         namespace=namespace,
         pod_name=pod_name,
-        container_name=main.name,
-        image=main.image,
-        command=main.command,
-        args=main.args,
-        env=main.env,
-        ports=main.ports,
-        working_dir=main.working_dir,
+        containers=containers,
+        init_containers=init_containers,
+        restart_policy=policy,
         gpu_count=total.gpus,
         gpu_models=gpu_models(annotations),
         min_gpu_memory_gib=min_gpu_memory_gib(annotations),
@@ -230,9 +225,6 @@ def to_workload(
         memory_bytes=ceil_int(total.memory),
         labels=tuple(sorted(labels.items())),
         attempt=attempt,
-        containers=containers,
-        init_containers=init_containers,
-        restart_policy=policy,
     )
 
 

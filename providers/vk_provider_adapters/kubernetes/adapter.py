@@ -99,7 +99,6 @@ from vk_provider_adapters.kubernetes.channels import (
     port_forward_url,
 )
 from vk_provider_adapters.kubernetes.config import KubernetesProviderConfig
-from vk_provider_adapters.kubernetes.containers import secret_values
 from vk_provider_adapters.kubernetes.failures import Call
 from vk_provider_adapters.kubernetes.kubeconfig import (
     build_transport,
@@ -244,7 +243,7 @@ class KubernetesProvider:
             )
         except InvalidSpec as exc:
             raise InvalidSpec(str(exc), provider=self.name, field=exc.field) from None
-        redact = self._api.redactor.with_secrets(secret_values(spec))
+        redact = self._api.redactor.with_secrets(spec.secret_values)
         if secret is not None:
             await self._remote.put_secret(secret, redact)
         try:

@@ -2,9 +2,7 @@
 
 Every app container and every init container of the workload, in order, each with its own
 image, command, args, workingDir, ports, env and probes; a native sidecar (an init container
-with ``restart_policy="Always"``) keeps ``restartPolicy: Always``. A ``WorkloadSpec`` without
-``containers`` (an older caller) describes its one container in its top-level fields
-(``workload_containers``).
+with ``restart_policy="Always"``) keeps ``restartPolicy: Always``.
 
 Env: a value that came from a Secret (``EnvVar.secret``) is a ``secretKeyRef`` into the
 launch's Secret, under the key ``names.secret_keys`` gives that (container, variable); every
@@ -19,48 +17,12 @@ clearly).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
-from vk_provider.sdk import ContainerSpec, InvalidSpec, Probe, WorkloadSpec
+from vk_provider.sdk import ContainerSpec, InvalidSpec, Probe
 
 JSON = dict[str, object]
 SecretKeys = Mapping[tuple[str, str], str]  # (container, variable) -> key in the Secret
-
-DEFAULT_CONTAINER = "main"
-
-
-def workload_containers(
-    spec: WorkloadSpec,
-) -> tuple[tuple[ContainerSpec, ...], tuple[ContainerSpec, ...]]:
-    """The workload's (app containers, init containers); one app container made of the
-    top-level fields when the spec lists none (an older caller)."""
-    if spec.containers:
-        return spec.containers, spec.init_containers
-    only = ContainerSpec(
-        name=spec.container_name or DEFAULT_CONTAINER,
-        image=spec.image,
-        command=spec.command,
-        args=spec.args,
-        env=spec.env,
-        ports=spec.ports,
-        working_dir=spec.working_dir,
-        cpu=spec.cpu,
-        memory_bytes=spec.memory_bytes,
-        gpu_count=spec.gpu_count,
-    )
-    return (only,), spec.init_containers
-
-
-def every_container(spec: WorkloadSpec) -> Iterator[ContainerSpec]:
-    """Init containers (in order), then app containers."""
-    apps, inits = workload_containers(spec)
-    yield from inits
-    yield from apps
-
-
-def secret_values(spec: WorkloadSpec) -> tuple[str, ...]:
-    """Every secret env value of every container (to redact from messages)."""
-    return tuple(var.value for c in every_container(spec) for var in c.env if var.secret)
 
 
 def probe_json(probe: Probe) -> JSON:

@@ -32,8 +32,6 @@ from vk_provider.sdk import ContainerSpec, Offer, WorkloadSpec
 from vk_provider_adapters.kubernetes.containers import (
     JSON,
     container_json,
-    every_container,
-    workload_containers,
 )
 from vk_provider_adapters.kubernetes.names import (
     ANN_ATTEMPT,
@@ -56,7 +54,7 @@ def build_secret(spec: WorkloadSpec, *, name: str, namespace: str, provider: str
         return None
     data = {
         keys[(container.name, var.name)]: base64.b64encode(var.value.encode()).decode()
-        for container in every_container(spec)
+        for container in spec.every_container
         for var in container.env
         if var.secret
     }
@@ -100,7 +98,7 @@ def build_pod(
 ) -> JSON:
     """The remote Pod for ``spec`` on ``shape``; raises ``InvalidSpec`` for what B can never
     run (everything else is left to B's validation, whose 422 names the field)."""
-    apps, inits = workload_containers(spec)
+    apps, inits = spec.containers, spec.init_containers
     keys = secret_keys(spec)
     init_resources, app_resources = container_resources(spec, shape, apps=apps, inits=inits)
 

@@ -21,7 +21,6 @@ import re
 from typing import Final
 
 from vk_provider.sdk import WorkloadSpec
-from vk_provider_adapters.kubernetes.containers import every_container
 
 LABEL_MANAGED_BY: Final = "vk-provider.io/managed-by"
 LABEL_POD_UID: Final = "vk-provider.io/pod-uid"
@@ -74,7 +73,7 @@ def secret_keys(spec: WorkloadSpec) -> dict[tuple[str, str], str]:
     first dot separates them and keys of different containers never meet."""
     keys: dict[tuple[str, str], str] = {}
     fallbacks: list[tuple[tuple[str, str], str]] = []
-    for container in every_container(spec):
+    for container in spec.every_container:
         for index, var in enumerate(container.env):
             if not var.secret:
                 continue

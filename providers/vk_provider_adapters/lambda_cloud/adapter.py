@@ -90,7 +90,6 @@ from vk_provider.sdk import (
     WorkloadSpec,
 )
 from vk_provider_adapters.cloud_init import STATE_DIR, build_user_data
-from vk_provider_adapters.docker_run import pod_containers
 from vk_provider_adapters.http import Classify, ErrorAnswer, JsonApi, answered_status, never_sent
 from vk_provider_adapters.lambda_cloud.agentkey import AgentKey
 from vk_provider_adapters.lambda_cloud.config import LambdaProviderConfig
@@ -268,9 +267,7 @@ class LambdaCloudProvider:
         body = launch_request(spec, offer, config=self._config, user_data=user_data)
         # Every container's secret env values are only sealed in user_data; should an answer
         # echo any of them anyway, no log line or message may carry it.
-        redact = self._api.redactor.with_secrets(
-            var.value for c in pod_containers(spec) for var in c.spec.env if var.secret
-        )
+        redact = self._api.redactor.with_secrets(spec.secret_values)
         async with self._create_lock:
             existing = await self._find(spec, redact)
             if existing is not None:

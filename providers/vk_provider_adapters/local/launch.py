@@ -76,19 +76,6 @@ def check_runnable(argv: list[str], env: dict[str, str], *, provider: str, field
             )
 
 
-def _one(spec: WorkloadSpec) -> ContainerSpec:
-    """The single container a spec without ``containers`` describes (older callers)."""
-    return ContainerSpec(
-        name=spec.container_name,
-        image=spec.image,
-        command=spec.command,
-        args=spec.args,
-        env=spec.env,
-        ports=spec.ports,
-        working_dir=spec.working_dir,
-    )
-
-
 def _local(
     container: ContainerSpec, field: str, *, provider: str, init: bool = False
 ) -> LocalContainer:
@@ -111,13 +98,15 @@ def local_containers(
     spec: WorkloadSpec, *, provider: str
 ) -> tuple[list[LocalContainer], list[LocalContainer]]:
     """(init containers, app containers) of ``spec``, each checked runnable."""
-    apps = spec.containers or (_one(spec),)
     return (
         [
             _local(c, f"spec.initContainers[{i}]", provider=provider, init=True)
             for i, c in enumerate(spec.init_containers)
         ],
-        [_local(c, f"spec.containers[{i}]", provider=provider) for i, c in enumerate(apps)],
+        [
+            _local(c, f"spec.containers[{i}]", provider=provider)
+            for i, c in enumerate(spec.containers)
+        ],
     )
 
 

@@ -199,7 +199,7 @@ class ModalProvider:
                 f"offer {offer.key} is not one of this provider's", provider=self.name
             )
         request = self._request(spec, entry)
-        secrets = tuple(var.value for var in spec.env if var.secret and var.value)
+        secrets = spec.secret_values
         try:
             sandbox_id = await self._call(
                 "create",
@@ -282,9 +282,9 @@ class ModalProvider:
 
     def _request(self, spec: WorkloadSpec, entry: Catalogued) -> SandboxRequest:
         """The sandbox for ``spec`` on ``entry``; ``InvalidSpec`` when Modal cannot run it."""
-        if not spec.image.strip():
+        if not spec.main.image.strip():
             raise InvalidSpec("the container has no image", provider=self.name, field=_IMAGE_FIELD)
-        if not spec.command and not spec.args:
+        if not spec.main.command and not spec.main.args:
             raise InvalidSpec(
                 "Modal sandboxes do not run an image's default command: set command or args",
                 provider=self.name,
@@ -297,13 +297,13 @@ class ModalProvider:
                 provider=self.name,
                 field="spec.containers[0].resources.limits['nvidia.com/gpu']",
             )
-        if spec.working_dir is not None and not spec.working_dir.startswith("/"):
+        if spec.main.working_dir is not None and not spec.main.working_dir.startswith("/"):
             raise InvalidSpec(
                 "workingDir must be an absolute path",
                 provider=self.name,
                 field="spec.containers[0].workingDir",
             )
-        for var in spec.env:
+        for var in spec.main.env:
             if not _ENV_NAME.fullmatch(var.name):
                 raise InvalidSpec(
                     f"environment variable name {var.name!r} is not allowed on Modal "
@@ -327,17 +327,17 @@ class ModalProvider:
                 PRICE_TAG: f"{offer.price_per_hour:.4f}",
                 GPUS_TAG: str(offer.gpu_count),
             },
-            image=spec.image,
-            command=spec.command,
-            args=spec.args,
-            env={var.name: var.value for var in spec.env if not var.secret},
-            secret_env={var.name: var.value for var in spec.env if var.secret},
+            image=spec.main.image,
+            command=spec.main.command,
+            args=spec.main.args,
+            env={var.name: var.value for var in spec.main.env if not var.secret},
+            secret_env={var.name: var.value for var in spec.main.env if var.secret},
             gpu=entry.gpu,
             cpu=offer.vcpus,
             memory_mib=int(offer.memory_gib * 1024),
             regions=entry.regions,
             timeout_seconds=self._config.sandbox_timeout_seconds,
-            workdir=spec.working_dir,
+            workdir=spec.main.working_dir,
         )
 
     async def _existing(self, spec: WorkloadSpec, name: str, secrets: tuple[str, ...]) -> Instance:

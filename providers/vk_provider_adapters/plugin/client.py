@@ -40,7 +40,7 @@ from vk_provider.sdk import (
     Transient,
     WorkloadSpec,
 )
-from vk_provider_adapters.plugin import rpc, wire
+from vk_provider_adapters.plugin import rpc, wire, wire_workload
 from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 from vk_provider_adapters.plugin.config import GrpcProviderConfig
 from vk_provider_adapters.plugin.status import from_rpc_error
@@ -178,7 +178,9 @@ class GrpcProvider:
 
     async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
         theirs = replace(offer, provider=self.plugin_name or offer.provider)
-        request = pb.CreateRequest(spec=wire.spec_to_pb(spec), offer=wire.offer_to_pb(theirs))
+        request = pb.CreateRequest(
+            spec=wire_workload.spec_to_pb(spec), offer=wire.offer_to_pb(theirs)
+        )
         got = await self._call("Create", request, pb.Instance.FromString)
         return self._instance(got)
 

@@ -33,7 +33,7 @@ from vk_provider.sdk import (
     SupportsUsage,
     Transient,
 )
-from vk_provider_adapters.plugin import rpc, wire
+from vk_provider_adapters.plugin import rpc, wire, wire_workload
 from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 from vk_provider_adapters.plugin.address import PluginAddress, parse_address
 from vk_provider_adapters.plugin.status import to_status
@@ -94,7 +94,7 @@ class _Servicer:
 
     async def create(self, request: pb.CreateRequest, context: Any) -> pb.Instance:
         async def work() -> pb.Instance:
-            spec = wire.spec_from_pb(request.spec)
+            spec = wire_workload.spec_from_pb(request.spec)
             offer = wire.offer_from_pb(request.offer)
             return wire.instance_to_pb(await self._provider.create(spec, offer))
 

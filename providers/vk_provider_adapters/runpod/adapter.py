@@ -169,7 +169,7 @@ class RunPodProvider:
         except InvalidSpec as exc:
             raise InvalidSpec(str(exc), provider=self.name, field=exc.field) from None
         self._warn_unsupported(spec)
-        redact = self._api.redactor.with_secrets(var.value for var in spec.env if var.secret)
+        redact = self._api.redactor.with_secrets(spec.secret_values)
 
         # The lookup and the POST are retried together: a POST whose answer was lost is found
         # by the next attempt's lookup instead of being sent twice.
@@ -268,9 +268,9 @@ class RunPodProvider:
         return self._api.decode(response, what)
 
     def _warn_unsupported(self, spec: WorkloadSpec) -> None:
-        if spec.working_dir:
+        if spec.main.working_dir:
             log.warning("pod %s: RunPod cannot set workingDir; the image's applies", spec.pod_uid)
-        for port in spec.ports:
+        for port in spec.main.ports:
             if port.protocol.upper() != "TCP":
                 log.warning(
                     "pod %s: RunPod cannot expose %s port %d; not exposed",

@@ -102,26 +102,26 @@ def build_create_body(
         raise InvalidSpec(
             f"pod uid {spec.pod_uid!r} cannot name a RunPod pod", field="metadata.uid"
         )
-    if not spec.image.strip():
+    if not spec.main.image.strip():
         raise InvalidSpec("a RunPod pod needs an image", field=f"{_CONTAINER}.image")
     name = instance_name(spec)
     if len(name) > NAME_MAX_LENGTH:
         raise InvalidSpec("pod uid is too long for a RunPod name", field="metadata.uid")
-    env = {var.name: var.value for var in spec.env}
+    env = {var.name: var.value for var in spec.main.env}
     # Ours last, so a pod's own variables cannot disguise whose pod it is.
     env.update({ENV_POD_UID: spec.pod_uid, ENV_REQUEST_ID: spec.request_id})
     env[ENV_OFFER_KEY] = offer_key
     count = sku.gpu_count
     body: dict[str, object] = {
         "name": name,
-        "imageName": spec.image,
+        "imageName": spec.main.image,
         "computeType": "GPU",
         "cloudType": sku.cloud.value,
         "gpuTypeIds": [sku.gpu_type_id],
         "gpuCount": count,
         "interruptible": sku.spot,
-        "dockerEntrypoint": list(spec.command),
-        "dockerStartCmd": list(spec.args),
+        "dockerEntrypoint": list(spec.main.command),
+        "dockerStartCmd": list(spec.main.args),
         "env": env,
         "ports": exposed_ports(spec),
         "containerDiskInGb": container_disk_gb,
@@ -137,7 +137,7 @@ def build_create_body(
 def exposed_ports(spec: WorkloadSpec) -> list[str]:
     """``<port>/http`` for each TCP container port; UDP cannot be exposed on RunPod."""
     ports: list[str] = []
-    for port in spec.ports:
+    for port in spec.main.ports:
         entry = f"{port.container_port}/http"
         if port.protocol.upper() == "TCP" and entry not in ports:
             ports.append(entry)

@@ -225,17 +225,10 @@ class Label(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
 
 class WorkloadSpec(_message.Message):
-    __slots__ = ("pod_uid", "namespace", "pod_name", "container_name", "image", "command", "args", "env", "ports", "working_dir", "gpu_count", "gpu_models", "min_gpu_memory_gib", "cpu", "memory_bytes", "labels", "attempt", "containers", "init_containers", "restart_policy")
+    __slots__ = ("pod_uid", "namespace", "pod_name", "gpu_count", "gpu_models", "min_gpu_memory_gib", "cpu", "memory_bytes", "labels", "attempt", "containers", "init_containers", "restart_policy")
     POD_UID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     POD_NAME_FIELD_NUMBER: _ClassVar[int]
-    CONTAINER_NAME_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_FIELD_NUMBER: _ClassVar[int]
-    COMMAND_FIELD_NUMBER: _ClassVar[int]
-    ARGS_FIELD_NUMBER: _ClassVar[int]
-    ENV_FIELD_NUMBER: _ClassVar[int]
-    PORTS_FIELD_NUMBER: _ClassVar[int]
-    WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
     GPU_COUNT_FIELD_NUMBER: _ClassVar[int]
     GPU_MODELS_FIELD_NUMBER: _ClassVar[int]
     MIN_GPU_MEMORY_GIB_FIELD_NUMBER: _ClassVar[int]
@@ -249,13 +242,6 @@ class WorkloadSpec(_message.Message):
     pod_uid: str
     namespace: str
     pod_name: str
-    container_name: str
-    image: str
-    command: _containers.RepeatedScalarFieldContainer[str]
-    args: _containers.RepeatedScalarFieldContainer[str]
-    env: _containers.RepeatedCompositeFieldContainer[EnvVar]
-    ports: _containers.RepeatedCompositeFieldContainer[Port]
-    working_dir: str
     gpu_count: int
     gpu_models: _containers.RepeatedScalarFieldContainer[str]
     min_gpu_memory_gib: float
@@ -266,7 +252,7 @@ class WorkloadSpec(_message.Message):
     containers: _containers.RepeatedCompositeFieldContainer[ContainerSpec]
     init_containers: _containers.RepeatedCompositeFieldContainer[ContainerSpec]
     restart_policy: str
-    def __init__(self, pod_uid: _Optional[str] = ..., namespace: _Optional[str] = ..., pod_name: _Optional[str] = ..., container_name: _Optional[str] = ..., image: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Iterable[_Union[EnvVar, _Mapping]]] = ..., ports: _Optional[_Iterable[_Union[Port, _Mapping]]] = ..., working_dir: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpu_models: _Optional[_Iterable[str]] = ..., min_gpu_memory_gib: _Optional[float] = ..., cpu: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ..., attempt: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerSpec, _Mapping]]] = ..., init_containers: _Optional[_Iterable[_Union[ContainerSpec, _Mapping]]] = ..., restart_policy: _Optional[str] = ...) -> None: ...
+    def __init__(self, pod_uid: _Optional[str] = ..., namespace: _Optional[str] = ..., pod_name: _Optional[str] = ..., gpu_count: _Optional[int] = ..., gpu_models: _Optional[_Iterable[str]] = ..., min_gpu_memory_gib: _Optional[float] = ..., cpu: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ..., attempt: _Optional[int] = ..., containers: _Optional[_Iterable[_Union[ContainerSpec, _Mapping]]] = ..., init_containers: _Optional[_Iterable[_Union[ContainerSpec, _Mapping]]] = ..., restart_policy: _Optional[str] = ...) -> None: ...
 
 class CreateRequest(_message.Message):
     __slots__ = ("spec", "offer")
