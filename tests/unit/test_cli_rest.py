@@ -33,15 +33,9 @@ from vk_provider.cli.client import (
     RestClient,
     TokenRefused,
 )
-from vk_provider.cli.tables import (
-    format_age,
-    format_price,
-    offers_table,
-    overflow_table,
-    pods_table,
-    print_table,
-    providers_table,
-)
+from vk_provider.cli.tables import format_age, format_price, print_table
+from vk_provider.cli.tables_catalog import offers_table, providers_table
+from vk_provider.cli.tables_node import overflow_table, pods_table
 
 # Nothing from the environment of whoever runs the tests may leak into a command.
 CLEAN_ENV: dict[str, str | None] = {"VK_PROVIDER_URL": None, "VK_PROVIDER_TOKEN": None}
