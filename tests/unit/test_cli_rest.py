@@ -25,7 +25,7 @@ from rich.text import Text
 from typer.testing import CliRunner, Result
 
 from tests.unit.test_rest_api import AUTH, OPEN_FLIP, SECRET_TOKEN, RaisingAuth, build_world
-from vk_provider.api.rest import RestServer
+from vk_provider.api.rest_server import RestServer
 from vk_provider.cli.app import app
 from vk_provider.cli.client import (
     ApiFailed,

@@ -31,8 +31,9 @@ from vk_provider.api.authn import (
     UserInfo,
 )
 from vk_provider.api.metrics import CONTENT_TYPE, Metrics
-from vk_provider.api.rest import RestServer, build_app
+from vk_provider.api.rest import build_app
 from vk_provider.api.rest_auth import StaticTokenAuth, TokenReviewAuth
+from vk_provider.api.rest_server import RestServer
 from vk_provider.api.view import AgentView, Readiness
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.launch import Launcher

@@ -33,8 +33,9 @@ from vk_provider.api.kubelet_agent import AgentPods, AgentStreams
 from vk_provider.api.metrics import Metrics
 from vk_provider.api.nodestats import UsageCollector
 from vk_provider.api.podlogs import AttemptHistory, PodLogSource
-from vk_provider.api.rest import RestServer, build_app
+from vk_provider.api.rest import build_app
 from vk_provider.api.rest_auth import RestAuth, StaticTokenAuth, TokenReviewAuth
+from vk_provider.api.rest_server import RestServer
 from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certificate
 from vk_provider.api.view import AgentView, Readiness
 from vk_provider.controllers.guarded import GuardedProvider
