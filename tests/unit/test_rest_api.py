@@ -47,7 +47,7 @@ from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer,
 from vk_provider.domain.overflow import OverflowState, Reading
 from vk_provider.domain.podview import PodPlacement
 from vk_provider.kube.client import KubeClient
-from vk_provider.runtime.agent import health_of
+from vk_provider.runtime.agent_breakers import health_of
 from vk_provider.settings.agent import PlacementConfig
 
 SECRET_TOKEN = "static-dev-token-7c1e9a44"
