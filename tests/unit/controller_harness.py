@@ -30,7 +30,7 @@ from vk_provider.domain.budget import BudgetCaps, BudgetLedger
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.reconcile import TerminationPolicy
 from vk_provider.kube.events import EventRecorder
-from vk_provider.runtime.agent import health_of
+from vk_provider.runtime.agent_breakers import health_of
 from vk_provider.settings.agent import IntervalsConfig, PlacementConfig
 from vk_provider_adapters.memory.adapter import MemoryProvider
 from vk_provider_adapters.memory.config import MemoryProviderConfig
@@ -139,7 +139,7 @@ class Core:
             self.providers,
             self.ledger,
             settings=PlacementConfig.model_validate(placement or {}),
-            # As the agent wires it (runtime.agent.health_of) when asked, else all healthy.
+            # As the agent wires it (runtime.agent_breakers.health_of) when asked, else all healthy.
             health=(lambda: health_of(self.guarded)) if breaker_health else dict,
             clock=loop_time,
         )

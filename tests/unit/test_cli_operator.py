@@ -18,7 +18,7 @@ import yaml
 
 from tests.unit.test_cli_rest import line_with, run_cli
 from tests.unit.test_rest_api import AUTH, PLANTED_CREDENTIAL, SECRET_TOKEN, build_world
-from vk_provider.api.rest import RestServer
+from vk_provider.api.rest_server import RestServer
 from vk_provider.cli.manifests import (
     ManifestError,
     default_kubeconfig,

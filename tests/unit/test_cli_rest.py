@@ -25,7 +25,7 @@ from rich.text import Text
 from typer.testing import CliRunner, Result
 
 from tests.unit.test_rest_api import AUTH, OPEN_FLIP, SECRET_TOKEN, RaisingAuth, build_world
-from vk_provider.api.rest import RestServer
+from vk_provider.api.rest_server import RestServer
 from vk_provider.cli.app import app
 from vk_provider.cli.client import (
     ApiFailed,
@@ -33,15 +33,9 @@ from vk_provider.cli.client import (
     RestClient,
     TokenRefused,
 )
-from vk_provider.cli.tables import (
-    format_age,
-    format_price,
-    offers_table,
-    overflow_table,
-    pods_table,
-    print_table,
-    providers_table,
-)
+from vk_provider.cli.tables import format_age, format_price, print_table
+from vk_provider.cli.tables_catalog import offers_table, providers_table
+from vk_provider.cli.tables_node import overflow_table, pods_table
 
 # Nothing from the environment of whoever runs the tests may leak into a command.
 CLEAN_ENV: dict[str, str | None] = {"VK_PROVIDER_URL": None, "VK_PROVIDER_TOKEN": None}

@@ -31,8 +31,9 @@ from vk_provider.api.authn import (
     UserInfo,
 )
 from vk_provider.api.metrics import CONTENT_TYPE, Metrics
-from vk_provider.api.rest import RestServer, build_app
+from vk_provider.api.rest import build_app
 from vk_provider.api.rest_auth import StaticTokenAuth, TokenReviewAuth
+from vk_provider.api.rest_server import RestServer
 from vk_provider.api.view import AgentView, Readiness
 from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.launch import Launcher
@@ -46,7 +47,7 @@ from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer,
 from vk_provider.domain.overflow import OverflowState, Reading
 from vk_provider.domain.podview import PodPlacement
 from vk_provider.kube.client import KubeClient
-from vk_provider.runtime.agent import health_of
+from vk_provider.runtime.agent_breakers import health_of
 from vk_provider.settings.agent import PlacementConfig
 
 SECRET_TOKEN = "static-dev-token-7c1e9a44"

@@ -2,7 +2,7 @@
 
 ``providers``, ``offers``, ``pods``, ``spend``, ``place`` and ``overflow``: each resolves the
 URL and token (a token file wins over ``--token`` and ``VK_PROVIDER_TOKEN``), makes its calls
-through ``RestClient`` and prints ``cli/tables``' tables, or the API's JSON as is (``-o json``).
+through ``RestClient`` and prints ``cli/tables_*``' tables, or the API's JSON as is (``-o json``).
 Usage errors exit 2, an unreachable or refusing agent 1 (docs/reference.md#exit-codes).
 """
 
@@ -35,16 +35,11 @@ from vk_provider.cli.manifests import (
 )
 from vk_provider.cli.output import console, out
 from vk_provider.cli.output import fail as _fail
-from vk_provider.cli.tables import (
-    gpus_table,
-    offers_table,
-    overflow_table,
-    placement_view,
-    pods_table,
-    print_tables,
-    providers_table,
-    spend_view,
-)
+from vk_provider.cli.tables import print_tables
+from vk_provider.cli.tables_catalog import gpus_table, offers_table, providers_table
+from vk_provider.cli.tables_node import overflow_table, pods_table
+from vk_provider.cli.tables_placement import placement_view
+from vk_provider.cli.tables_spend import spend_view
 from vk_provider.domain.placement import CapacityType
 from vk_provider.domain.workload import without_environment
 

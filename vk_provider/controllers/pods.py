@@ -5,7 +5,9 @@ Shape (as virtual-kubelet's ``node/`` and kopf's per-object queues): the pod wat
 the instance tracker queues the pods whose instance changed. Workers take keys from the
 ``WorkQueue`` (one worker per pod at a time, bounded concurrency) and ``sync`` each: parse the
 stored pod once (``PodView``), look at the instance it names, ask ``lifecycle.decide`` for the
-next step and execute it. Deciding is pure and tested edge by edge; this module only acts.
+next step and execute it: launches through the ``Placer``, status through the
+``StatusReporter``, stops, deletions and releases through the ``Terminator``. Deciding is pure
+and tested edge by edge; this module only acts.
 
 Invariants:
 - Everything needed to resume after a restart is in the pod (annotations, status) and at the
@@ -41,6 +43,7 @@ from vk_provider.controllers.podwatch import PodStore
 from vk_provider.controllers.podwriter import PodWriter
 from vk_provider.controllers.prober import Prober
 from vk_provider.controllers.reporter import StatusReporter
+from vk_provider.controllers.terminator import Terminator
 from vk_provider.controllers.workqueue import (
     UNOBSERVED,
     Backoff,
@@ -48,7 +51,6 @@ from vk_provider.controllers.workqueue import (
     QueueObserver,
     WorkQueue,
 )
-from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import NotFound, ProviderError
 from vk_provider.domain.lifecycle import (
@@ -61,13 +63,9 @@ from vk_provider.domain.lifecycle import (
     Step,
     decide,
 )
-from vk_provider.domain.models import Instance, InstanceState
+from vk_provider.domain.models import Instance
 from vk_provider.domain.offerindex import OfferIndex
-from vk_provider.domain.podview import (
-    PodKey,
-    PodPlacement,
-    PodView,
-)
+from vk_provider.domain.podview import PodKey, PodPlacement, PodView
 from vk_provider.domain.workload import Held
 from vk_provider.kube.client import ApiError, ConflictError, KubeClient
 from vk_provider.kube.events import EventRecorder
@@ -160,6 +158,19 @@ class PodController:
             reporter=self._report,
             intervals=intervals,
             observer=observer,
+            now=now,
+        )
+        self._terminator = Terminator(
+            providers=self._providers,
+            tracker=self.tracker,
+            queue=self.queue,
+            writer=self._write,
+            reporter=self._report,
+            launcher=launcher,
+            memory=self._memory,
+            intervals=intervals,
+            room_appeared=self._room_appeared,
+            retry_cap=SYNC_ERROR_CAP_SECONDS,
             now=now,
         )
 
@@ -316,7 +327,7 @@ class PodController:
     async def sync(self, key: PodKey) -> None:
         pod = self._store.view(key)
         if pod is None:
-            await self._forget(key)
+            await self._terminator.forget(key)
             return
         memory = self._remember(pod)
         sighting = await self._sight(pod)
@@ -392,148 +403,25 @@ class PodController:
                 why = "the provider no longer knows it"
                 if instance is not None:
                     why = instance.message or instance.state.value
-                await self._fail_lost(pod, why)
+                await self._terminator.fail_lost(pod, why)
             case Step.COMPLETE:
                 assert instance is not None
                 await self._report.complete(pod, instance)
-                await self._release(pod)
+                await self._terminator.release(pod)
             case Step.BACK_OFF:
                 assert instance is not None
                 await self._report.back_off(pod, instance)
                 self.queue.add_after(key, decision.wait_seconds)
             case Step.TERMINATE:
-                await self._terminate(pod, sighting, decision.grace_seconds)
+                await self._terminator.terminate(pod, sighting, decision.grace_seconds)
             case Step.AWAIT_TERMINATION:
-                self.queue.add_after(key, self._deletion_poll(pod))
+                self.queue.add_after(key, self._terminator.deletion_poll(pod))
             case Step.FINISH_DELETION:
-                await self._finish_deletion(pod, sighting)
+                await self._terminator.finish_deletion(pod, sighting)
             case Step.RELEASE:
-                await self._release(pod)
+                await self._terminator.release(pod)
             case Step.NOTHING:  # only the budget may be left
                 if self._ledger.release(pod.uid):
                     self._room_appeared(pod.placed.offer_key if pod.placed else None)
             case unhandled:
                 assert_never(unhandled)
-
-    # ------------------------------------------------------------------ status
-
-    async def _fail_lost(self, pod: PodView, why: str) -> None:
-        placed = pod.placed
-        offer_key = placed.offer_key if placed else ""
-        cooldown = self._intervals.instance_lost_cooldown_seconds
-        if offer_key:
-            self._launcher.avoid(offer_key, cooldown)
-        event = explain.instance_lost(
-            placed.instance_id if placed else "?",
-            placed.provider if placed else "?",
-            why,
-            offer_key=offer_key,
-            cooldown=cooldown,
-        )
-        await self._write.event(pod, event)
-        await self._report.lost(pod, event.message)
-        await self._release(pod)
-
-    # ------------------------------------------------------------------ ending
-
-    def _deletion_poll(self, pod: PodView) -> float:
-        # Poll gently: a provider may allow one request a second for all pods together.
-        deadline = pod.deletion_deadline
-        remaining = (deadline - self._now()).total_seconds() if deadline else 0.0
-        return min(1.0, max(remaining, 0.5))
-
-    async def _terminate(self, pod: PodView, sighting: Sighting, grace: float) -> None:
-        placed = pod.placed
-        assert placed is not None  # TERMINATE is only decided for a placed pod
-        instance = sighting.instance
-        if instance is None or instance.state is not InstanceState.TERMINATING:
-            killing = explain.Event(
-                explain.NORMAL, explain.KILLING, f"Stopping container {pod.container_name}"
-            )
-            await self._write.event(pod, killing)
-        try:
-            await self._providers[placed.provider].delete(placed.instance_id, grace_seconds=grace)
-        except ProviderError as exc:
-            log.info("pod %s/%s: stopping its instance failed: %s", *pod.key, exc)
-        else:
-            # The listed state is stale now: the next look asks the provider how it goes.
-            self.tracker.forget(placed.provider, placed.instance_id)
-        self.queue.add_after(pod.key, self._deletion_poll(pod))
-
-    async def _stop_leftover(self, provider: str, instance_id: str) -> bool:
-        """Ask once more that nothing of the instance stays (it may hold logs or bill)."""
-        try:
-            await self._providers[provider].delete(instance_id, grace_seconds=0)
-        except ProviderError as exc:
-            log.warning("terminating instance %s on %s failed: %s", instance_id, provider, exc)
-            return False
-        return True
-
-    async def _finish_deletion(self, pod: PodView, sighting: Sighting) -> None:
-        """Release what is left, then delete the pod from the API.
-
-        When the provider cannot confirm the instance is gone (errors, a slow terminate),
-        the pod is deleted anyway once overdue and the instance, which still carries the
-        pod's UID, is terminated by reconciliation as an orphan.
-        """
-        placed = pod.placed
-        if (
-            placed is not None
-            and placed.provider in self._providers
-            and not await self._stop_leftover(placed.provider, placed.instance_id)
-        ):
-            log.warning(
-                "pod %s/%s: instance not confirmed gone; deleting the pod, "
-                "reconciliation terminates the instance",
-                *pod.key,
-            )
-        await self._write.delete(pod)
-        self._drop(pod.key, pod.uid, placed.offer_key if placed else None)
-
-    async def _release(self, pod: PodView) -> None:
-        """A terminal pod keeps no instance running and holds no budget.
-
-        Only an instance the provider may still have is deleted: deleting a released one again
-        would also drop what the provider retains for it (logs, until the pod is deleted).
-        """
-        placed = pod.placed
-        if placed is not None and placed.provider in self._providers:
-            known = self.tracker.get(placed.provider, placed.instance_id)
-            if known is not None or not self.tracker.fresh(placed.provider):
-                try:
-                    await self._providers[placed.provider].delete(
-                        placed.instance_id, grace_seconds=0
-                    )
-                    self.tracker.forget(placed.provider, placed.instance_id)
-                except NotFound:
-                    self.tracker.forget(placed.provider, placed.instance_id)
-                except ProviderError as exc:
-                    log.info("pod %s/%s: releasing its instance: %s", *pod.key, exc)
-                    self.queue.add_rate_limited(pod.key, cap=SYNC_ERROR_CAP_SECONDS)
-        self._report.forget(pod.uid)
-        if self._ledger.release(pod.uid):
-            self._room_appeared(placed.offer_key if placed else None)
-
-    async def _forget(self, key: PodKey) -> None:
-        """The pod is gone from the API (e.g. force-deleted): its instance must go too."""
-        memory = self._memory.get(key)
-        if memory is None:
-            self.queue.drop(key)
-            return
-        if (
-            memory.provider in self._providers
-            and memory.instance_id
-            and not await self._stop_leftover(memory.provider, memory.instance_id)
-        ):
-            # Still costs money: stays remembered (and in the budget) until it is gone.
-            self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
-            return
-        self._drop(key, memory.uid, memory.offer_key)
-
-    def _drop(self, key: PodKey, uid: str, offer_key: str | None = None) -> None:
-        self._memory.pop(key, None)
-        self.queue.drop(key)
-        self._write.forget_events(uid)
-        self._report.forget(uid)
-        if self._ledger.release(uid):
-            self._room_appeared(offer_key)

@@ -9,6 +9,10 @@ which one and why and stops with a non-zero exit (a replica that lost the lead r
 follower). SIGTERM/SIGINT stop everything within bounded time, release the election Lease and
 exit 0.
 
+Three subsystems are wired beside this module: the providers' circuit breakers
+(``agent_breakers``), the kubelet API with the node's address and certificate
+(``agent_kubelet``) and the overflow flip (``agent_overflow``).
+
 Invariants: wiring only — settings objects are passed to the parts that use them, never
 copied field by field; providers are built (by the registry) before anything touches the
 cluster, so a bad provider configuration fails fast; the node is registered before pods are
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import signal
 from collections.abc import Callable, Mapping
@@ -28,35 +31,32 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vk_provider.api.authn import SubjectAccessReviewAuthorizer, TokenReviewAuthenticator
-from vk_provider.api.kubelet import KubeletApiServer, KubeletSources
-from vk_provider.api.kubelet_agent import AgentPods, AgentStreams
+from vk_provider.api.kubelet import KubeletApiServer
 from vk_provider.api.metrics import Metrics
-from vk_provider.api.nodestats import UsageCollector
-from vk_provider.api.podlogs import AttemptHistory, PodLogSource
-from vk_provider.api.rest import RestServer, build_app
+from vk_provider.api.podlogs import AttemptHistory
+from vk_provider.api.rest import build_app
 from vk_provider.api.rest_auth import RestAuth, StaticTokenAuth, TokenReviewAuth
-from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certificate
+from vk_provider.api.rest_server import RestServer
 from vk_provider.api.view import AgentView, Readiness
-from vk_provider.controllers.guarded import GuardedProvider
 from vk_provider.controllers.launch import Launcher
 from vk_provider.controllers.leader import LeaderElector
-from vk_provider.controllers.node import NodeController, default_address
+from vk_provider.controllers.node import NodeController
 from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.overflow import OverflowController
 from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.podwatch import PodStore, PodWatch
 from vk_provider.controllers.preview import PlacementPreview
-from vk_provider.controllers.prometheus import PrometheusSignal
 from vk_provider.controllers.reconcile import Reconciler
-from vk_provider.domain.breaker import CircuitBreaker
 from vk_provider.domain.budget import BudgetLedger
 from vk_provider.domain.contract import Provider
-from vk_provider.domain.placement import ProviderHealth
 from vk_provider.domain.podview import PodKey
 from vk_provider.domain.reconcile import TerminationPolicy
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
 from vk_provider.kube.nodeidentity import NodeIdentity
+from vk_provider.runtime.agent_breakers import guard, health_of
+from vk_provider.runtime.agent_kubelet import kubelet_api_server, node_address
+from vk_provider.runtime.agent_overflow import flip_taint, overflow_controller
 from vk_provider.runtime.preflight import checked_providers, close_all, start_providers
 from vk_provider.runtime.registry import Registry
 from vk_provider.runtime.supervisor import SHUTDOWN_SECONDS, Root, supervise
@@ -64,40 +64,6 @@ from vk_provider.settings.agent import AgentConfig
 from vk_provider.settings.paths import state_root
 
 log = logging.getLogger(__name__)
-
-IN_CLUSTER_CA = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
-
-
-def guard(
-    providers: Mapping[str, Provider],
-    config: AgentConfig,
-    metrics: Metrics,
-    *,
-    fence: Callable[[str], None] = lambda operation: None,
-) -> dict[str, GuardedProvider]:
-    settings = config.placement
-    return {
-        name: GuardedProvider(
-            provider,
-            CircuitBreaker(
-                threshold=settings.breaker_threshold,
-                cooldown_seconds=settings.breaker_cooldown_seconds,
-            ),
-            observe=metrics.observe_call,
-            fence=fence,
-        )
-        for name, provider in providers.items()
-    }
-
-
-def health_of(providers: Mapping[str, GuardedProvider]) -> dict[str, ProviderHealth]:
-    return {
-        name: ProviderHealth(
-            callable=provider.breaker.allows_calls(),
-            recent_failures=provider.breaker.recent_failures(),
-        )
-        for name, provider in providers.items()
-    }
 
 
 @dataclass
@@ -157,25 +123,7 @@ class Agent:
         )
         calls: dict[str, Provider] = dict(guarded)  # every call through its breaker
         offers = OfferBook(calls, ttl_seconds=intervals.offers_ttl_seconds)
-        api_cfg = config.kubelet_api
-        address = config.node.address or (
-            api_cfg.host if api_cfg.host not in ("0.0.0.0", "::", "") else default_address()  # noqa: S104
-        )
-        if is_loopback(address):
-            log.warning(
-                "node %s advertises the loopback address %s: the API server refuses to proxy "
-                "nodes/%s/proxy to it, and only a metrics-server on this machine could scrape "
-                "it; set node.address to an address the API server and metrics-server reach",
-                config.node.name,
-                address,
-                config.node.name,
-            )
-        if api_cfg.tls_cert_file and api_cfg.tls_key_file:
-            cert, key = api_cfg.tls_cert_file, api_cfg.tls_key_file
-        else:
-            cert, key = ensure_serving_certificate(
-                state / "kubelet-tls", node_name=config.node.name, ip_addresses=(address,)
-            )
+        address = node_address(config)
         ledger = BudgetLedger(config.budget.caps)
         launcher = Launcher(
             calls,
@@ -201,36 +149,20 @@ class Agent:
             queue_observer=metrics.work_queue("pods"),
             label_pods=not config.identity.node,
         )
-        in_cluster_ca = IN_CLUSTER_CA if IN_CLUSTER_CA.exists() else None  # noqa: ASYNC240 - once
         token_reviews = TokenReviewAuthenticator(kube)
         authorizer = SubjectAccessReviewAuthorizer(kube)
         history = AttemptHistory()
-        kubelet_api = KubeletApiServer(
-            node_name=config.node.name,
-            host=api_cfg.host,
-            port=api_cfg.port,
-            ssl_context=build_server_ssl_context(
-                cert, key, api_cfg.client_ca_file or in_cluster_ca
-            ),
+        kubelet_api = kubelet_api_server(
+            config,
+            kube,
+            address=address,
+            state_dir=state,
+            providers=calls,
+            store=store,
+            tracker=pods.tracker,
+            history=history,
             authenticator=token_reviews,
             authorizer=authorizer,
-            logs=PodLogSource(
-                kube,
-                calls,
-                node_name=config.node.name,
-                history=history,
-                instances=pods.tracker.for_pod,
-            ),
-            sources=KubeletSources(
-                pods=AgentPods(store, pods.tracker),
-                stats=UsageCollector(
-                    node_name=config.node.name,
-                    store=store,
-                    tracker=pods.tracker,
-                    providers=calls,
-                ),
-                streams=AgentStreams(store, calls, node_name=config.node.name),
-            ),
         )
 
         def pod_changed(key: PodKey) -> None:
@@ -262,7 +194,7 @@ class Agent:
             offers,
             intervals=intervals,
             address=address,
-            kubelet_port=api_cfg.port,
+            kubelet_port=config.kubelet_api.port,
             on_lease_failure=metrics.lease_renewal_failures.inc,
             responsive=lambda within: {
                 name for name, p in guarded.items() if p.answered_within(within)
@@ -413,56 +345,6 @@ class Agent:
         if self.overflow is not None:
             roots["overflow"] = self.overflow.run
         await supervise(roots, asyncio.Event(), before_cancel=self.pods.queue.close)
-
-
-def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
-
-
-def flip_taint(config: AgentConfig) -> dict[str, str] | None:
-    """The overflow taint as a closed flip sets it; None when the flip is off."""
-    flip = config.overflow
-    if not flip.enabled:
-        return None
-    return {"key": flip.taint_key, "value": flip.taint_value, "effect": "NoSchedule"}
-
-
-def overflow_controller(
-    config: AgentConfig,
-    kube: KubeClient,
-    *,
-    events: EventRecorder,
-    pods: PodController,
-    observer: Metrics,
-    node_admin: KubeClient | None = None,
-) -> OverflowController | None:
-    flip = config.overflow
-    if not flip.enabled:
-        return None
-    prometheus = flip.prometheus
-    signal_source = PrometheusSignal(
-        prometheus.url,
-        flip.queries.to_queries(),
-        token=prometheus.bearer_token.resolve() if prometheus.bearer_token else None,
-        ca_file=prometheus.ca_file,
-        timeout=prometheus.timeout_seconds,
-    )
-    return OverflowController(
-        kube,
-        node_name=config.node.name,
-        signal=signal_source,
-        policy=flip.policy(),
-        taint_key=flip.taint_key,
-        taint_value=flip.taint_value,
-        interval=flip.interval_seconds,
-        events=events,
-        gpu_requests=pods.gpu_requests,
-        observer=observer,
-        node_admin=node_admin,
-    )
 
 
 def leader_elector(
