@@ -35,6 +35,7 @@ from vk_provider.domain.containers import ContainerUsage
 from vk_provider.domain.contract import Provider, SupportsUsage
 from vk_provider.domain.errors import ProviderError
 from vk_provider.domain.models import Instance, InstanceState
+from vk_provider.domain.podview import parse_time
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +49,6 @@ RunKey = tuple[str, str, datetime | None]  # pod uid, container name, run start
 class _Sample:
     cpu: int
     at: datetime
-
-
-def _parse_time(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def container_starts(instance: Instance) -> dict[str, datetime | None]:
@@ -148,7 +140,7 @@ class UsageCollector:
                         namespace=str(metadata.get("namespace", "")),
                         name=str(metadata.get("name", "")),
                         uid=instance.pod_uid,
-                        start_time=_parse_time((pod.get("status") or {}).get("startTime")),
+                        start_time=parse_time((pod.get("status") or {}).get("startTime")),
                         containers=tuple(containers),
                     )
                 )

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from vk_provider.api.spdy_session import SpdySession, SpdyStream
+from vk_provider.api.tasks import cancel_all
 from vk_provider.domain.contract import PortStream
 
 log = logging.getLogger(__name__)
@@ -107,11 +108,7 @@ async def serve_port_forward(
                 pairs.pop(key, None)
                 spawn(_forward(pair.data, pair.error, open_port, target), f"pf-{key}")
     finally:
-        for task in list(tasks):
-            task.cancel()
-        for task in list(tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_all(tasks)
 
 
 async def _expire(pairs: dict[str, _Pair], key: str, pair: _Pair, seconds: float) -> None:
@@ -150,11 +147,7 @@ async def _forward(data: SpdyStream, error: SpdyStream, open_port: PortOpener, t
         # moment to finish, as containerd's port-forward (and socat) give it, then both close.
         await asyncio.wait({upstream, downstream}, timeout=LINGER_SECONDS)
     finally:
-        for task in (upstream, downstream):
-            task.cancel()
-        for task in (upstream, downstream):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_all((upstream, downstream))
         with contextlib.suppress(Exception):
             await connection.close()
         data.close()

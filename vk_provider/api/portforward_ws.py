@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from aiohttp import WSMsgType, web
 
 from vk_provider.api.portforward import PortOpener
+from vk_provider.api.tasks import cancel_all
 from vk_provider.domain.contract import PortStream
 
 log = logging.getLogger(__name__)
@@ -102,16 +103,9 @@ async def serve_websocket_port_forward(
             try:
                 await asyncio.wait({reader, everything_sent}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for task in (reader, everything_sent):
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
+                await cancel_all((reader, everything_sent))
     finally:
-        for pump in pumps:
-            pump.cancel()
-        for pump in pumps:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pump
+        await cancel_all(pumps)
         for connection in connections.values():
             with contextlib.suppress(Exception):
                 await connection.close()

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vk_provider.api.spdy_session import SpdySession, SpdyStream
+from vk_provider.api.tasks import cancel_all
 from vk_provider.domain.contract import ExecSession
 
 log = logging.getLogger(__name__)
@@ -230,11 +231,7 @@ async def _run(channels: Channels, command: ExecSession) -> dict[str, object]:
                     await target.write(chunk)
         code = await command.wait()
     finally:
-        for pump in pumps:
-            pump.cancel()
-        for pump in pumps:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await pump
+        await cancel_all(pumps)
     for stream in (channels.stdout, channels.stderr):
         if stream is not None:
             stream.close()

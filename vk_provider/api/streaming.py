@@ -30,7 +30,6 @@ closed; the handler task is registered in ``open_tasks`` so that a server shutdo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -42,6 +41,7 @@ from aiohttp.abc import AbstractStreamWriter
 
 from vk_provider.api import portforward, portforward_ws, remotecommand
 from vk_provider.api.spdy_session import SpdySession
+from vk_provider.api.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -331,11 +331,7 @@ async def _upgraded(
             if serving.done() and not serving.cancelled() and serving.exception() is not None:
                 log.error("kubelet API: %s failed", request.path, exc_info=serving.exception())
         finally:
-            for waiter in (serving, closed):
-                waiter.cancel()
-            for waiter in (serving, closed):
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await waiter
+            await cancel_all((serving, closed))
     finally:
         session.close()
         if task is not None:

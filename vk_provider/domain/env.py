@@ -232,37 +232,24 @@ def environment(context: EnvContext) -> dict[str, EnvVar]:
 def _env_from(context: EnvContext, entry: Mapping[str, Any], field: str) -> list[EnvVar]:
     prefix = string_field(entry, "prefix", f"{field}.prefix")
     if entry.get("configMapRef") is not None:
-        ref_field = f"{field}.configMapRef"
-        ref = mapping_field(entry, "configMapRef", ref_field)
-        name = _ref_name(ref, ref_field, "ConfigMap")
-        config_map = context.config_maps.get(name)
-        if config_map is None:
-            _missing(
-                ref,
-                ref_field,
-                f"ConfigMap {name!r} not found in {context.namespace!r}",
-                context.skipped,
-            )
-            return []
-        items = _object_items(config_map, _CONFIG_MAP, name=name, field=ref_field)
-        secret = False
+        key, source, objects, secret = "configMapRef", _CONFIG_MAP, context.config_maps, False
     elif entry.get("secretRef") is not None:
-        ref_field = f"{field}.secretRef"
-        ref = mapping_field(entry, "secretRef", ref_field)
-        name = _ref_name(ref, ref_field, "Secret")
-        found = context.secrets.get(name)
-        if found is None:
-            _missing(
-                ref,
-                ref_field,
-                f"Secret {name!r} not found in {context.namespace!r}",
-                context.skipped,
-            )
-            return []
-        items = _object_items(found, _SECRET, name=name, field=ref_field)
-        secret = True
+        key, source, objects, secret = "secretRef", _SECRET, context.secrets, True
     else:
         raise InvalidPodSpec(field, "must set configMapRef or secretRef")
+    ref_field = f"{field}.{key}"
+    ref = mapping_field(entry, key, ref_field)
+    name = _ref_name(ref, ref_field, source.kind)
+    found = objects.get(name)
+    if found is None:
+        _missing(
+            ref,
+            ref_field,
+            f"{source.kind} {name!r} not found in {context.namespace!r}",
+            context.skipped,
+        )
+        return []
+    items = _object_items(found, source, name=name, field=ref_field)
     result: list[EnvVar] = []
     for key, value in items.items():
         var_name = prefix + key

@@ -89,24 +89,17 @@ class LeaderElectionConfig(Strict):
     @field_validator("renew_deadline_seconds")
     @classmethod
     def _before_expiry(cls, value: float, info: ValidationInfo) -> float:
-        duration = info.data.get("lease_duration_seconds")
-        if duration is not None and value >= duration:
-            raise ValueError(
-                f"must be less than lease_duration_seconds ({duration}), or a follower could "
-                "take over while the leader still acts"
-            )
-        return value
+        return _less_than(
+            value,
+            info,
+            "lease_duration_seconds",
+            "a follower could take over while the leader still acts",
+        )
 
     @field_validator("retry_period_seconds")
     @classmethod
     def _before_deadline(cls, value: float, info: ValidationInfo) -> float:
-        deadline = info.data.get("renew_deadline_seconds")
-        if deadline is not None and value >= deadline:
-            raise ValueError(
-                f"must be less than renew_deadline_seconds ({deadline:g}), or the leader "
-                "cannot renew in time"
-            )
-        return value
+        return _less_than(value, info, "renew_deadline_seconds", "the leader cannot renew in time")
 
     @property
     def timing(self) -> Timing:
@@ -140,3 +133,11 @@ class LeaderElectionConfig(Strict):
         # restarted leader renews its own Lease at once; outside a pod, two processes on one
         # host must still differ, hence the pid.
         return pod or f"{socket.gethostname()}_{os.getpid()}"
+
+
+def _less_than(value: float, info: ValidationInfo, other: str, why: str) -> float:
+    """``value`` if it is less than the already validated field ``other``; else why not."""
+    bound = info.data.get(other)
+    if bound is not None and value >= bound:
+        raise ValueError(f"must be less than {other} ({bound:g}), or {why}")
+    return value
