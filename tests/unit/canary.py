@@ -1,13 +1,15 @@
 """Canary secrets for the adapters' redaction tests, in every form a provider may echo them.
 
 A provider that echoes a request back in an error (or a proxy, or a transport library) may
-carry a secret raw, JSON-escaped, URL-encoded or split over lines; a message that is cut or
-whose white space is collapsed may carry part of one. ``leaks`` finds any of these in a text:
-every form of every canary, and any run of ``WINDOW`` characters of one.
+carry a secret raw, JSON-escaped, HTML-escaped, URL-encoded or split over lines; a message
+that is cut (at any offset) or whose white space is collapsed may carry part of one. ``echo``
+carries all of these, cut ones included; ``leaks`` finds any of them in a text: every form of
+every canary, and any run of ``WINDOW`` characters of one.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import traceback
@@ -33,14 +35,24 @@ def forms(value: str) -> list[str]:
         urllib.parse.quote(value),
         urllib.parse.quote_plus(value),
         " ".join(value.split()),
+        html.escape(value),
+        html.escape(value).replace("&#x27;", "&#39;"),
+        html.escape(value, quote=False),
     ]
     found += [line.strip() for line in value.splitlines() if len(line.strip()) >= 8]
     return list(dict.fromkeys(found))
 
 
 def echo(values: Iterable[str] = (KEY, SECRET)) -> str:
-    """A text that carries every form of every value (for a server to answer with)."""
-    return " | ".join(form for value in values for form in forms(value))
+    """A text that carries every form of every value (for a server to answer with), and each
+    form cut: its first and its last ``CUT`` characters, as a server that limits a field's
+    length, or a log line cut short, leaves them."""
+    whole = [form for value in values for form in forms(value)]
+    cut = [piece for form in whole for piece in (form[:CUT] + "…", "…" + form[-CUT:])]
+    return " | ".join(whole + cut)
+
+
+CUT = 12
 
 
 def leaks(text: str, values: Iterable[str] = (KEY, SECRET)) -> list[str]:

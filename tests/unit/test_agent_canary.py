@@ -123,3 +123,42 @@ async def test_the_agent_redacts_a_pods_secrets_an_adapter_let_through(
         if canary.leaks(text, (canary.SECRET,))
     ]
     assert not leaked, leaked
+
+
+def pod_with_a_secret_in_every_kind_of_container() -> dict[str, object]:
+    """A whole pod whose only secret env values are in an init container, a native sidecar
+    and the second app container (the first app container has none)."""
+    manifest = pod_manifest("leaky-env")
+    spec = manifest["spec"]
+    secret = {"valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+
+    def container(name: str, **more: object) -> dict[str, object]:
+        return {"name": name, "image": "img:1", "env": [{"name": "HF_TOKEN", **secret}], **more}
+
+    spec["initContainers"] = [  # type: ignore[index]
+        container("fetch", command=["fetch"]),
+        container("proxy", command=["proxy"], restartPolicy="Always"),
+    ]
+    spec["containers"].append(container("exporter", command=["export"]))  # type: ignore[index]
+    return manifest
+
+
+async def test_the_agent_redacts_the_secrets_of_init_sidecar_and_every_app_container(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    base = memory_provider("careless", gpu_offer(), whole_pods=True)
+    careless = CarelessProvider(base._config, clock=base._clock, wall_clock=base._wall)
+    core = Core(careless, guarded=True)
+    store_secret(core)
+    async with core.running():
+        await core.kube.create_pod(pod_with_a_secret_in_every_kind_of_container())
+        await core.until(lambda: "NoCapacity" in core.kube.reasons(), what="NoCapacity")
+        written = await everything_the_agent_wrote(core, caplog)
+    assert any("<redacted>" in text for text in written)  # the message was written, redacted
+    leaked = [
+        (text[:100], canary.leaks(text, (canary.SECRET,)))
+        for text in written
+        if canary.leaks(text, (canary.SECRET,))
+    ]
+    assert not leaked, leaked
