@@ -7,7 +7,8 @@ adapter does not leak a pod's secret.
 
 Invariants: pure; ``Redactor`` replaces every non-empty secret's every form with
 ``<redacted>``, longest form first, and then any run of ``MIN_SECRET_PART`` or more
-characters of a form (a secret someone cut at any offset, before or after it reached us);
+characters that begins or ends a form (a secret someone cut at any offset, before or after
+it reached us);
 it changes nothing else, and its ``repr`` never shows the secrets. It is still applied
 before anything of ours cuts or collapses a text.
 """
@@ -97,17 +98,35 @@ class Redactor:
 
 
 def _without_pieces(text: str, forms: tuple[str, ...]) -> str:
-    """``text`` with every run of ``MIN_SECRET_PART`` or more characters of a form replaced:
-    what is left of a secret that was cut (by a server limiting a field, a proxy, a log line
-    truncated before it reached us) at any offset."""
+    """``text`` with what is left of a cut secret replaced: a run of ``MIN_SECRET_PART`` or
+    more characters that begins a form (the secret cut at its end, at any offset: by a server
+    limiting a field, a proxy, a log line shortened before it reached us) or ends one (cut at
+    its start). A run from a form's middle is left alone: an ordinary word inside a secret
+    is not a secret."""
     spans: list[tuple[int, int]] = []
     for form in forms:
-        for offset in range(len(form) - MIN_SECRET_PART + 1):
-            window = form[offset : offset + MIN_SECRET_PART]
-            start = text.find(window)
-            while start != -1:
-                spans.append(_widest(text, form, start, offset))
-                start = text.find(window, start + 1)
+        if len(form) < MIN_SECRET_PART:
+            continue
+        head, tail = form[:MIN_SECRET_PART], form[-MIN_SECRET_PART:]
+        start = text.find(head)
+        while start != -1:
+            end = start + MIN_SECRET_PART
+            while end < len(text) and end - start < len(form) and text[end] == form[end - start]:
+                end += 1
+            spans.append((start, end))
+            start = text.find(head, start + 1)
+        end = text.find(tail)
+        while end != -1:
+            stop = end + MIN_SECRET_PART
+            begin = end
+            while (
+                begin > 0
+                and stop - begin < len(form)
+                and text[begin - 1] == form[-(stop - begin) - 1]
+            ):
+                begin -= 1
+            spans.append((begin, stop))
+            end = text.find(tail, end + 1)
     if not spans:
         return text
     merged: list[tuple[int, int]] = []
@@ -121,18 +140,3 @@ def _without_pieces(text: str, forms: tuple[str, ...]) -> str:
         pieces += [text[last:begin], REDACTED]
         last = end
     return "".join([*pieces, text[last:]])
-
-
-def _widest(text: str, form: str, start: int, offset: int) -> tuple[int, int]:
-    """The span of ``text`` around ``start`` that matches ``form`` around ``offset``."""
-    before = 0
-    while before < min(start, offset) and text[start - before - 1] == form[offset - before - 1]:
-        before += 1
-    after = MIN_SECRET_PART
-    while (
-        start + after < len(text)
-        and offset + after < len(form)
-        and text[start + after] == form[offset + after]
-    ):
-        after += 1
-    return start - before, start + after
