@@ -109,8 +109,10 @@ class Core:
         placement: dict[str, Any] | None = None,
         guarded: bool = False,
         breaker_health: bool = False,
+        kube: FakeKube | None = None,
     ) -> None:
-        self.kube = FakeKube(now=loop_now)
+        # ``kube``: the API server of an agent that ran before (a restart of the agent).
+        self.kube = kube if kube is not None else FakeKube(now=loop_now)
         self.memory = {p.name: p for p in providers if isinstance(p, MemoryProvider)}
         self.metrics = Metrics()
         # As the agent wires them: every call through a circuit breaker (and its metrics).

@@ -24,6 +24,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from tests.unit.ledgers import bill, listed
 from vk_provider.api.authn import (
     RequestAttributes,
     SubjectAccessReviewAuthorizer,
@@ -233,8 +234,12 @@ async def build_world(budget: BudgetCaps | None = None) -> World:
 
     ledger = BudgetLedger(budget or BudgetCaps(), clock=clock)
     for pod in PODS:
-        ledger.commit(
-            pod.uid, namespace=pod.namespace, provider=pod.provider, price=pod.price_per_hour
+        bill(
+            ledger,
+            provider=pod.provider,
+            pod_uid=pod.uid,
+            namespace=pod.namespace,
+            price=pod.price_per_hour,
         )
 
     clock.advance(1770)
@@ -766,8 +771,8 @@ async def test_spend_per_provider_per_namespace_and_totals(client: httpx.AsyncCl
 
 
 async def test_spend_is_zero_when_nothing_runs(world: World, client: httpx.AsyncClient) -> None:
-    for pod in PODS:
-        world.ledger.release(pod.uid)
+    for name in {pod.provider for pod in PODS}:
+        listed(world.ledger, name, [])  # the providers list nothing: every instance is gone
     spend = (await client.get("/v1/spend", headers=AUTH)).json()
     assert spend["total"]["per_hour"] == 0
     # What ran before still counts as spent.

@@ -2,7 +2,7 @@
 
 ``GuardedProvider`` wraps an adapter and implements the same ``Provider`` protocol, so the
 rest of the agent cannot call an adapter around its breaker. While the breaker is open,
-``create``/``get``/``list_ours``/``logs`` fail fast with ``Transient("circuit open")`` and
+``create``/``get``/``list_ours``/``logs`` fail fast with ``NotSent("circuit open")`` and
 ``offers`` returns nothing — except for the one probe the breaker allows after its
 cool-down, which is the cheap ``offers`` call. ``delete`` is always attempted: stopping a
 paid instance matters more than sparing a sick provider a request.
@@ -41,7 +41,7 @@ from vk_provider.domain.contract import (
     SupportsPortForward,
     SupportsUsage,
 )
-from vk_provider.domain.errors import InvalidSpec, ProviderError, Transient
+from vk_provider.domain.errors import InvalidSpec, NotSent, ProviderError, Transient
 from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
 from vk_provider.domain.redact import Redactor
 
@@ -142,7 +142,7 @@ class GuardedProvider:
 
     def _refuse_if_open(self, operation: str) -> None:
         if self.breaker.state is not BreakerState.CLOSED:
-            raise Transient(
+            raise NotSent(
                 f"circuit open: not calling {self.name} for {operation}", provider=self.name
             )
 

@@ -4,8 +4,12 @@ The tracker keeps the latest list of each provider's instances and, after each p
 ``on_change`` with the pod UID of every instance whose state changed (or that appeared or
 vanished), so the pod controller re-syncs exactly those pods.
 
+Each listing is also handed to ``on_listed`` with the mark ``on_listing`` gave before the
+call: the budget ledger counts what the provider lists (``domain.budget``).
+
 Invariants: a provider whose list call fails keeps its previous snapshot (a failed poll is
-not evidence that instances vanished) and is marked stale until a poll succeeds.
+not evidence that instances vanished), is marked stale until a poll succeeds, and is not
+handed to ``on_listed``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import ProviderError
@@ -35,11 +39,15 @@ class InstanceTracker:
         *,
         on_change: Callable[[str], None],
         on_poll: Callable[[float], None] = lambda _seconds: None,
+        on_listing: Callable[[], int] = lambda: 0,
+        on_listed: Callable[[str, Sequence[Instance], int], None] = lambda _p, _i, _m: None,
         timeout_seconds: float = 20.0,
     ) -> None:
         self._providers = dict(providers)
         self._on_change = on_change
         self._on_poll = on_poll
+        self._on_listing = on_listing
+        self._on_listed = on_listed
         self._timeout = timeout_seconds
         self._snapshots: dict[str, dict[str, Instance]] = {name: {} for name in providers}
         self._fresh: dict[str, bool] = {name: False for name in providers}
@@ -69,6 +77,7 @@ class InstanceTracker:
         self._snapshots.get(provider, {}).pop(instance_id, None)
 
     async def _poll_one(self, name: str) -> None:
+        mark = self._on_listing()
         try:
             listed = await asyncio.wait_for(self._providers[name].list_ours(), self._timeout)
         except (ProviderError, TimeoutError) as exc:
@@ -79,6 +88,7 @@ class InstanceTracker:
         after = {i.instance_id: i for i in listed}
         self._snapshots[name] = after
         self._fresh[name] = True
+        self._on_listed(name, listed, mark)
         changed = {
             i.pod_uid
             for key, i in after.items()

@@ -16,9 +16,12 @@ Failover rules (docs/reference.md#failover), one per error class:
 | ``InvalidSpec`` | stop: the request can never succeed as is |
 | ``RateLimited`` / ``Transient`` | stop and retry later on the same candidate (``retry_after``) |
 
-Invariants: a reservation is released whenever its create fails, so the ledger only ever
-holds launched or launching pods; blocked entries expire by the injected clock; an offer or
-provider blocked during the walk is not called again in the same walk; ``plan`` (the ranking
+Invariants: every create is reserved in the ledger first (``domain.budget``: keyed by
+provider and request id, every cap checked); an answered refusal releases the hold, any other
+failure leaves it "uncertain" until the provider's next listing says whether the instance
+exists, so a lost answer can never let a cap be passed; blocked entries expire by the
+injected clock; an offer or provider blocked during the walk is not called again in the same
+walk; ``plan`` (the ranking
 and the walk's order) has no effects, and the placement dry run (``controllers.preview``)
 uses it as ``launch`` does.
 """
@@ -35,6 +38,7 @@ from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,
     InvalidSpec,
+    NotSent,
     ProviderError,
     RateLimited,
 )
@@ -89,6 +93,10 @@ class LaunchPlan:
     order: tuple[Offer, ...]
     health: Mapping[str, ProviderHealth]
     budget: BudgetView
+
+
+# Errors that prove the create made nothing (the provider answered no, or nothing was sent).
+ANSWERED_REFUSALS = (CapacityUnavailable, AuthFailed, InvalidSpec, RateLimited, NotSent)
 
 
 class Launcher:
@@ -176,7 +184,7 @@ class Launcher:
         offers: Sequence[Offer] | OfferIndex,
         *,
         namespace: str,
-        uid: str,
+        request_id: str = "",
         prefer: str | None = None,
         allow_avoided: bool = True,
     ) -> LaunchPlan:
@@ -184,7 +192,7 @@ class Launcher:
         now (blocks, breakers, budget). Calls no provider and reserves nothing: a dry run
         (``controllers.preview``) shares it with ``launch``, so both choose alike."""
         health = dict(self._health())
-        budget = self.ledger.view(namespace, excluding=uid)
+        budget = self.ledger.view(namespace, excluding=request_id or None)
         placement = place(
             request,
             offers,
@@ -201,6 +209,15 @@ class Launcher:
             candidates.sort(key=lambda o: o.key != prefer)
         return LaunchPlan(placement, tuple(candidates), health, budget)
 
+    def _settle_failed(self, offer: Offer, request: str, error: ProviderError) -> None:
+        """A create failed: an answered refusal made nothing, so its hold goes; any other
+        failure (no answer, a 5xx, a timeout) may have made the instance, which stays
+        counted until its provider's listing says whether it exists."""
+        if isinstance(error, ANSWERED_REFUSALS):
+            self.ledger.refused(offer.provider, request)
+        else:
+            self.ledger.unanswered(offer.provider, request)
+
     async def launch(
         self,
         spec: WorkloadSpec,
@@ -214,7 +231,7 @@ class Launcher:
             request,
             offers,
             namespace=spec.namespace,
-            uid=spec.pod_uid,
+            request_id=spec.request_id,
             prefer=prefer,
             allow_avoided=allow_avoided,
         )
@@ -232,9 +249,11 @@ class Launcher:
                 continue
             walked += 1
             if not self.ledger.reserve(
-                spec.pod_uid,
+                spec.request_id,
+                pod_uid=spec.pod_uid,
                 namespace=spec.namespace,
                 provider=offer.provider,
+                offer_key=offer.key,
                 price=offer.price_per_hour,
             ):
                 budget_skipped += 1  # a concurrent placement took the room meanwhile
@@ -242,7 +261,7 @@ class Launcher:
             try:
                 instance = await self._providers[offer.provider].create(spec, offer)
             except ProviderError as exc:
-                self.ledger.release(spec.pod_uid)
+                self._settle_failed(offer, spec.request_id, exc)
                 attempts.append(Attempt(offer, exc))
                 if isinstance(exc, CapacityUnavailable):
                     self.block(offer.key, self._settings.capacity_block_seconds)
@@ -255,11 +274,10 @@ class Launcher:
                     return LaunchResult(placement, tuple(attempts), invalid=exc)
                 wait = exc.retry_after if isinstance(exc, RateLimited) else None
                 return LaunchResult(placement, tuple(attempts), retry_after=wait or 0.0)
-            self.ledger.commit(
-                spec.pod_uid,
-                namespace=spec.namespace,
-                provider=offer.provider,
-                price=offer.price_per_hour,
-            )
+            except BaseException:
+                # Cancelled or crashed while the create was out: it may have been made.
+                self.ledger.unanswered(offer.provider, spec.request_id)
+                raise
+            self.ledger.created(offer.provider, spec.request_id)
             return LaunchResult(placement, tuple(attempts), instance=instance, offer=offer)
         return LaunchResult(placement, tuple(attempts), budget_skipped=budget_skipped)

@@ -57,6 +57,9 @@ class PodMemory:
     adopt: Instance | None = None  # reconciliation's choice among the pod's unclaimed instances
     prefer: str | None = None  # offer to try first after a 429 / 5xx
     waiting: bool = False  # unplaceable: kicked when room appears
+    # The exited instance deleted so that its relaunch fits the budget: the pod still names
+    # it, and it is still what the pod's container did last.
+    released_for_relaunch: Instance | None = None
     explanation: str = ""  # why it was placed where it is (kept on the pod)
     unplaceable_since: datetime | None = None  # first failed placement of this pod, since
     pending_polls: int = 0  # status polls since the launch that found the instance pending
@@ -134,6 +137,8 @@ class Placer:
                 event = explain.shape_unsupported(request, allowed)
                 await self.invalid(pod, request.shape.field, event.message)
                 return
+        # The ledger counts what the providers bill once each was listed: no create before.
+        await self._tracker.polled.wait()
         if previous is None and await self._adopt_existing(pod, memory):
             return
         # A pod waiting for capacity is retried against fresh offers, not the TTL's.
@@ -233,12 +238,36 @@ class Placer:
             chosen = choose_adoptee(listed)
         if chosen is None:
             return False
+        if not self._launcher.ledger.within_caps(pod.namespace):
+            await self._refuse_adoption(pod, chosen)
+            return True
         log.info("adopting instance %s of pod %s/%s", chosen.instance_id, *pod.key)
         memory.explanation = "adopted an instance a previous run of the agent had launched"
         self._record_placed(pod, memory, chosen, chosen.offer_key, chosen.price_per_hour)
         await self._report.placed(pod, chosen)
         self._queue.add(pod.key)
         return True
+
+    async def _refuse_adoption(self, pod: PodView, instance: Instance) -> None:
+        """The instance a previous run left for this pod would break a budget cap (the
+        ledger counts it already: it is billed): terminate it and say why; the pod waits for
+        budget like any other (the ledger frees the room once the provider lists it gone)."""
+        message = (
+            f"not adopting instance {instance.instance_id} on {instance.provider} "
+            f"(${instance.price_per_hour:.2f}/h): with it the spend would exceed a budget cap; "
+            "terminating it"
+        )
+        log.warning("pod %s/%s: %s", *pod.key, message)
+        await self._write.event(
+            pod, explain.Event(explain.WARNING, explain.BUDGET_EXCEEDED, message)
+        )
+        await self._write.status(pod, waiting_view(pod, explain.WAITING_FOR_BUDGET, message))
+        try:
+            await self._providers[instance.provider].delete(instance.instance_id, grace_seconds=0)
+        except ProviderError as exc:  # reconciliation terminates it as an orphan meanwhile
+            log.info("terminating %s (not adopted) failed: %s", instance.instance_id, exc)
+        self._tracker.forget(instance.provider, instance.instance_id)
+        self._queue.add_rate_limited(pod.key, cap=self._intervals.retry_backoff_max_seconds)
 
     def _record_placed(
         self, pod: PodView, memory: PodMemory, instance: Instance, offer_key: str, price: float
@@ -263,6 +292,7 @@ class Placer:
         instance, offer = result.instance, result.offer
         assert instance is not None and offer is not None
         memory.unplaceable_since = None
+        memory.released_for_relaunch = None
         self._record_placed(pod, memory, instance, offer.key, offer.price_per_hour)
         if previous is None:
             await self._report.placed(pod, instance)
@@ -294,6 +324,15 @@ class Placer:
         previous: Instance | None,
     ) -> None:
         memory.waiting = True
+        # The exited instance still counts (its provider bills it until it is gone): release
+        # it now, so the relaunch fits once the provider lists it gone.
+        if (
+            previous is not None
+            and result.budget_limited
+            and memory.released_for_relaunch is None
+            and await self._release_exited(previous)
+        ):
+            memory.released_for_relaunch = previous
         now = self._now()
         since = memory.unplaceable_since = memory.unplaceable_since or now
         limit = self._intervals.unplaceable_fail_seconds
@@ -324,6 +363,14 @@ class Placer:
             last=terminated_of(previous, now=self._now()),
         )
         await self._write.status(pod, view)
+
+    async def _release_exited(self, previous: Instance) -> bool:
+        try:
+            await self._providers[previous.provider].delete(previous.instance_id, grace_seconds=0)
+        except ProviderError as exc:  # retried with the next relaunch attempt
+            log.info("releasing exited %s for its relaunch failed: %s", previous.instance_id, exc)
+            return False
+        return True
 
     async def _nowhere_to_go(self, pod: PodView, result: LaunchResult, limit: float) -> None:
         """No provider could run a controlled pod for ``limit`` seconds: Failed (NoCapacity),

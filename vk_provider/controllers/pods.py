@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import assert_never
 
@@ -59,6 +59,7 @@ from vk_provider.domain.lifecycle import (
     NOT_PLACED,
     UNREACHABLE,
     Decision,
+    Seen,
     Sighting,
     Step,
     decide,
@@ -72,6 +73,22 @@ from vk_provider.kube.events import EventRecorder
 from vk_provider.settings.agent import IntervalsConfig
 
 log = logging.getLogger(__name__)
+
+
+def _as_released(pod: PodView, memory: PodMemory, sighting: Sighting) -> Sighting:
+    """A pod whose exited instance was deleted to make room for its relaunch still names
+    it: that instance, as last seen, is what the pod's container did last."""
+    released = memory.released_for_relaunch
+    if (
+        released is None
+        or sighting.seen is Seen.FOUND
+        or pod.terminal
+        or pod.placed is None
+        or pod.placed.instance_id != released.instance_id
+    ):
+        return sighting
+    return Sighting.of(released)
+
 
 # A sync that failed (a provider's 429/5xx, an API hiccup) is retried soon: the failure says
 # nothing about how long to wait, and a deleting pod must not sit out a long back-off.
@@ -121,7 +138,12 @@ class PodController:
             observer=queue_observer,
             urgent=self._deleting,
         )
-        self.tracker = InstanceTracker(self._providers, on_change=self._instance_changed)
+        self.tracker = InstanceTracker(
+            self._providers,
+            on_change=self._instance_changed,
+            on_listing=self._ledger.listing,
+            on_listed=self._listed,
+        )
         self._memory: dict[PodKey, PodMemory] = {}
         self._api_failed: set[PodKey] = set()  # last sync failed against the API server
         self._available: dict[str, int] = {}  # offer key -> available, at the last refresh
@@ -208,23 +230,35 @@ class PodController:
         self.queue.add(key)
 
     def _account(self, pod: PodView) -> None:
-        """Keep the budget ledger equal to what the pods' annotations say runs.
-
-        Called for every observed pod, so after a restart the ledger is rebuilt from the
-        API before any new placement can be made against it.
-        """
+        """Until its provider is listed (after a restart), a pod's annotations are the
+        ledger's estimate of what it costs; a terminal pod's estimate goes. The providers'
+        listings, not the pods, say what is billed (``_listed``); the pod says in which
+        namespace its instances count."""
+        self._ledger.name_pod(pod.uid, pod.namespace)
         if pod.terminal:
-            if self._ledger.release(pod.uid):
+            if self._ledger.forget_estimate(pod.uid):
                 self._room_appeared(pod.placed.offer_key if pod.placed else None)
             return
         placed = pod.placed
         if placed is not None and placed.price_per_hour is not None:
-            self._ledger.commit(
+            self._ledger.estimate(
                 pod.uid,
                 namespace=pod.namespace,
                 provider=placed.provider,
+                offer_key=placed.offer_key,
                 price=placed.price_per_hour,
             )
+
+    def _listed(self, provider: str, instances: Sequence[Instance], mark: int) -> None:
+        """A provider listed its instances: the ledger counts exactly those (and the creates
+        still unanswered); what it proved gone is room for the pods that wait."""
+
+        def namespace_of(uid: str) -> str | None:
+            key = self._store.key_of(uid)
+            return key[0] if key is not None else None
+
+        for freed in self._ledger.listed(provider, instances, mark, namespace_of=namespace_of):
+            self._room_appeared(freed.offer_key)
 
     def _room_appeared(self, offer_key: str | None = None) -> None:
         """An instance ended or a pod left: pods waiting for capacity or budget try again.
@@ -330,7 +364,7 @@ class PodController:
             await self._terminator.forget(key)
             return
         memory = self._remember(pod)
-        sighting = await self._sight(pod)
+        sighting = _as_released(pod, memory, await self._sight(pod))
         now = self._now()
         held = self.queue.held_for(key)
         decision = decide(
@@ -420,8 +454,8 @@ class PodController:
                 await self._terminator.finish_deletion(pod, sighting)
             case Step.RELEASE:
                 await self._terminator.release(pod)
-            case Step.NOTHING:  # only the budget may be left
-                if self._ledger.release(pod.uid):
+            case Step.NOTHING:  # only the budget's estimate may be left
+                if self._ledger.forget_estimate(pod.uid):
                     self._room_appeared(pod.placed.offer_key if pod.placed else None)
             case unhandled:
                 assert_never(unhandled)

@@ -39,7 +39,7 @@ from vk_provider.domain.placement import (
 from vk_provider.domain.podspec import InvalidPodSpec
 from vk_provider.domain.workload import to_request, without_environment
 
-PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"  # matches no budget entry
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"  # names no instance
 PLACEHOLDER_NAME = "dry-run"
 
 
@@ -123,9 +123,7 @@ class PlacementPreview:
             )
         offers = await self._offers.index()
         # A first launch: offers that lost an instance lately are avoided (as the placer does).
-        plan = self._launcher.plan(
-            request, offers, namespace=spec.namespace, uid=spec.pod_uid, allow_avoided=False
-        )
+        plan = self._launcher.plan(request, offers, namespace=spec.namespace, allow_avoided=False)
         placement = plan.placement
         ranked = tuple(_ranked(offer, plan.health, self._launcher) for offer in plan.order)
         order = {filter_name: index for index, filter_name in enumerate(FILTERS)}

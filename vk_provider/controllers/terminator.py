@@ -170,7 +170,7 @@ class Terminator:
                     log.info("pod %s/%s: releasing its instance: %s", *pod.key, exc)
                     self._queue.add_rate_limited(pod.key, cap=self._retry_cap)
         self._report.forget(pod.uid)
-        if self._ledger.release(pod.uid):
+        if self._ledger.forget_estimate(pod.uid):
             self._room_appeared(placed.offer_key if placed else None)
 
     async def forget(self, key: PodKey) -> None:
@@ -194,5 +194,5 @@ class Terminator:
         self._queue.drop(key)
         self._write.forget_events(uid)
         self._report.forget(uid)
-        if self._ledger.release(uid):
+        if self._ledger.forget_estimate(uid):
             self._room_appeared(offer_key)

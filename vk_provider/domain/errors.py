@@ -8,6 +8,7 @@ Errors are classified by what the caller should do, not by where they came from:
 | ``CapacityUnavailable`` | try the next candidate; block this offer for a while |
 | ``RateLimited`` | retry the same call later (``retry_after`` seconds if known) |
 | ``Transient`` | retry the same call with backoff (5xx, timeouts, connection errors) |
+| ``NotSent`` | a ``Transient`` raised before the request left this machine: nothing was made |
 | ``InvalidSpec`` | the request can never succeed as is; do not retry until the pod changes |
 | ``AuthFailed`` | credentials or billing refused; block the whole provider |
 
@@ -47,6 +48,11 @@ class RateLimited(ProviderError):
 
 class Transient(ProviderError):
     retryable = True
+
+
+class NotSent(Transient):
+    """The call failed before its request was sent (an open circuit, a connection that was
+    never made): the provider did nothing, so a create's budget hold can go at once."""
 
 
 class InvalidSpec(ProviderError):
