@@ -6,7 +6,8 @@ object itself never holds a secret value.
 
 Invariants:
 - ``load_config`` either returns a fully valid ``AgentConfig`` or raises ``ConfigError`` whose
-  message names every offending field by its dotted path.
+  message names every offending field by its dotted path, or the file when it cannot be read
+  as YAML within ``configfile``'s limits (size, UTF-8, depth, aliases).
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import Field, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from vk_provider.domain.budget import BudgetCaps
 from vk_provider.domain.node import VIRTUAL_NODE_TAINT_KEY, VIRTUAL_NODE_TAINT_VALUE, NodeCaps
 from vk_provider.domain.placement import PlacementPolicy
+from vk_provider.settings.configfile import read_yaml
 from vk_provider.settings.identity import IdentityConfig
 from vk_provider.settings.leader import LeaderElectionConfig
 from vk_provider.settings.overflow import OverflowConfig
@@ -418,14 +419,8 @@ def parse_config(data: object, provider_types: ProviderTypes) -> AgentConfig:
 
 
 def load_config(path: Path, provider_types: ProviderTypes) -> AgentConfig:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    """The configuration in the file at ``path``, read within ``configfile``'s bounds."""
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return parse_config(data, provider_types)
