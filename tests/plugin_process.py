@@ -4,7 +4,9 @@
 port it bound, for ``127.0.0.1:0``) and records the address; ``kill()`` SIGKILLs it (a plugin
 that dies), ``start()`` again serves the same state at the same address (a TCP port is kept
 after the first start). ``stop()`` ends it with SIGTERM (SIGKILL after a deadline). Every
-test that makes one stops it, so no process is left behind.
+test that makes one stops it, so no process is left behind. `plugin serve` authenticates its
+callers: a Unix socket (in a directory only this user may write), or TCP with TLS and
+``require_client_cert``; anything else needs ``insecure`` (``--insecure``).
 
 ``tls_material(directory)`` issues a CA, a server certificate for 127.0.0.1 and a client
 certificate, with the project's own PKI code.
@@ -64,6 +66,7 @@ class PluginProcess:
     listen: str
     tls: TLSMaterial | None = None
     require_client_cert: bool = False
+    insecure: bool = False  # --insecure: TCP without a client certificate (logged)
     address: str = ""
     process: subprocess.Popen[bytes] | None = None
     _lines: list[str] = field(default_factory=list)
@@ -84,6 +87,8 @@ class PluginProcess:
             command += ["--tls-key", str(self.tls.server.key)]
             if self.require_client_cert:
                 command += ["--client-ca", str(self.tls.ca)]
+        if self.insecure:
+            command.append("--insecure")
         return command
 
     def start(self) -> str:

@@ -4,6 +4,13 @@
     vk-provider plugin serve --type local --config local.yaml --listen 127.0.0.1:7443 \\
         --tls-cert server.crt --tls-key server.key --client-ca agents-ca.crt
 
+Whoever can call the plugin spends the account its configuration holds, so it serves only
+callers it authenticates: mutual TLS (``--tls-cert``, ``--tls-key`` and ``--client-ca``) or a
+Unix socket (mode 0600, in a directory owned by this user or root that neither group nor
+others may write; ``server.exposure``). Anything else exits 2 naming the flags to give, unless
+``--insecure``, which serves anyway and logs a WARNING at start naming what is exposed. Plain
+TCP on a host that is not loopback is refused even then.
+
 ``--config`` is one provider entry (what would be one item of ``providers:`` in the agent's
 configuration; its ``type`` may be left out, ``--type`` says it). Any registered provider type
 can be served, third-party ones too. The agent reaches it with a ``type: grpc`` entry
@@ -15,6 +22,7 @@ adapter. Exit 2 for a bad configuration (the message names the field), 1 when se
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -28,7 +36,7 @@ from vk_provider.runtime.preflight import close_all
 from vk_provider.runtime.registry import Registry
 from vk_provider.settings.secrets import ConfigError
 from vk_provider_adapters.plugin.address import PluginAddress, parse_address
-from vk_provider_adapters.plugin.server import ServerTLS, serve
+from vk_provider_adapters.plugin.server import Exposure, ServerTLS, exposure, serve
 
 plugin_app = typer.Typer(
     help="Serve a provider adapter as its own process over gRPC (the agent's `grpc` type).",
@@ -70,11 +78,28 @@ def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> ServerT
     return ServerTLS(cert_file=cert, key_file=key, client_ca_file=client_ca)
 
 
+def _refusal(listen: str, exposed: Exposure) -> ConfigError:
+    if exposed.kind == "socket-directory":
+        return ConfigError(
+            f"--listen: {listen}: {exposed.problem} ({exposed.consequence}): put the socket in "
+            "a directory of this user that neither group nor others may write (mode 0700), "
+            "or pass --insecure to serve anyway"
+        )
+    flag = "--client-ca" if exposed.kind == "no-client-ca" else "--listen"
+    return ConfigError(
+        f"{flag}: {listen}: {exposed.problem} ({exposed.consequence}): give --tls-cert, "
+        "--tls-key and --client-ca (mutual TLS), or listen on unix:///path.sock, or pass "
+        "--insecure to serve anyway"
+    )
+
+
 def _listening(bound: PluginAddress) -> None:
     print(f"listening on {bound}", flush=True)
 
 
-async def _serve(kind: str, config: Path, listen: str, tls: ServerTLS | None, state: Path) -> None:
+async def _serve(
+    kind: str, config: Path, listen: str, tls: ServerTLS | None, state: Path, *, insecure: bool
+) -> None:
     registry = Registry.default()
     settings = registry.parse_provider(_entry(config, kind))
     providers = {settings.name: registry.build(settings, state_dir=state)}
@@ -85,7 +110,7 @@ async def _serve(kind: str, config: Path, listen: str, tls: ServerTLS | None, st
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
     try:
-        await serve(provider, listen, tls=tls, on_listening=_listening)
+        await serve(provider, listen, tls=tls, insecure=insecure, on_listening=_listening)
     except asyncio.CancelledError:
         pass  # a signal: stop cleanly
     finally:
@@ -104,6 +129,12 @@ def serve_command(
     client_ca: Path | None = typer.Option(
         None, "--client-ca", help="Require client certificates signed by this CA (PEM)."
     ),
+    insecure: bool = typer.Option(
+        False,
+        "--insecure",
+        help="Serve callers without authenticating them (plain TCP on loopback, TLS without "
+        "--client-ca, a socket in a directory others may write); logged as a WARNING.",
+    ),
     state_dir: Path | None = typer.Option(
         None, "--state-dir", help="State of the adapter (the local provider's instances)."
     ),
@@ -118,13 +149,22 @@ def serve_command(
             raise ConfigError("--tls-cert: TLS is for TCP; a Unix socket has file permissions")
         if tls is None and where.unix_path is None and not where.loopback:
             raise ConfigError(
-                f"--listen: {listen} is reachable from other hosts: give --tls-cert and --tls-key"
+                f"--listen: {listen} is reachable from other hosts: give --tls-cert, --tls-key "
+                "and --client-ca"
             )
+        exposed = exposure(where, tls)
+        if exposed is not None and not insecure:
+            raise _refusal(listen, exposed)
     except ValueError as exc:  # ConfigError is a ValueError too
         raise _fail(str(exc) if isinstance(exc, ConfigError) else f"--listen: {exc}", 2) from exc
     state = state_dir or state_root() / "plugins"
+    logging.basicConfig(  # the --insecure WARNING, and the adapter's own lines, on stderr
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     try:
-        asyncio.run(_serve(kind, config, listen, tls, state))
+        asyncio.run(_serve(kind, config, listen, tls, state, insecure=insecure))
     except ConfigError as exc:
         raise _fail(f"invalid provider configuration:\n{exc}", 2) from exc
     except (OSError, RuntimeError, ValueError) as exc:

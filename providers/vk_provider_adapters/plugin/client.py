@@ -1,7 +1,10 @@
 """The agent's side of the plugin protocol: a ``Provider`` that calls a plugin over gRPC.
 
 ``GrpcProvider`` implements the contract by calling ``proto/vkprovider/v1/provider.proto`` at
-the configured address (a Unix socket, or TCP with TLS and optionally a client certificate).
+the configured address: a Unix socket, or TCP with TLS that checks the plugin's certificate
+against ``tls.ca_file`` (and its name) and presents ours when given (the mutual TLS that
+`vk-provider plugin serve` requires); plain TCP only to loopback with
+``allow_insecure_loopback`` (``config``).
 ``start()`` waits for the plugin and reads its capabilities once (``Describe``); every other
 call has the configured deadline, except a followed log stream, which lasts until the plugin
 ends it or the reader stops.
@@ -10,7 +13,9 @@ Invariants:
 - Only ``ProviderError`` escapes: a status with a detail becomes the same class the plugin
   raised; a plugin that died, is unreachable or timed out is ``Transient``; an answer this
   agent cannot read (``wire.WireError``) is ``Transient`` naming the field. So the agent's
-  breaker and its pods treat a dead plugin exactly as a provider outage.
+  breaker and its pods treat a dead plugin exactly as a provider outage. That includes a
+  number out of range (a NaN or negative price, a negative count: ``wire``): the whole answer
+  is refused, so it never reaches placement or the ledger.
 - Calls fail fast while the plugin is down (no ``wait_for_ready``) and the channel reconnects
   on its own with a short back-off, so calls succeed again soon after the plugin is back.
 - Offers and instances (their ``provider`` and ``offer_key``) carry this provider's configured
@@ -172,9 +177,13 @@ class GrpcProvider:
 
     async def offers(self) -> list[Offer]:
         got = await self._call("Offers", pb.OffersRequest(), pb.OffersResponse.FromString)
+        try:
+            decoded = [wire.offer_from_pb(o, f"offers[{i}]") for i, o in enumerate(got.offers)]
+        except wire.WireError as exc:  # a NaN price, say: no offer of this answer is used
+            raise self._error(exc) from exc
         # Offers are the agent's by this provider's configured name (placement, ledger,
         # annotations); the plugin gets its own name back with a create.
-        return [replace(wire.offer_from_pb(o), provider=self.name) for o in got.offers]
+        return [replace(o, provider=self.name) for o in decoded]
 
     async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
         theirs = replace(offer, provider=self.plugin_name or offer.provider)

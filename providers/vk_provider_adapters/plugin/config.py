@@ -1,10 +1,13 @@
 """Configuration of an out-of-process provider (``type: grpc``): where the plugin listens, how
 to reach it securely, and how long to wait for it.
 
-Invariants: the address parses (``address``); TCP to a host that is not loopback needs TLS
-(the workload's secret env values cross the wire); plain TCP, even to loopback, only when
-``allow_insecure_loopback`` says so; a client certificate comes with its key. Files are read
-when the adapter is built (``check-config`` reports an unreadable one by field), never here.
+Invariants: the address parses (``address``); TCP means TLS that verifies the plugin's
+certificate against ``tls.ca_file`` (the workload's secret env values cross the wire, and the
+plugin's answers are prices the agent spends by); plain TCP only to a loopback host and only
+when ``allow_insecure_loopback: true`` says so, never to another host; a client certificate
+comes with its key (`vk-provider plugin serve` on TCP requires one: mutual TLS). Files are
+read when the adapter is built (``check-config`` reports an unreadable one by field), never
+here.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ class PluginTLS(Strict):
 
     ca_file: Path = Field(description="PEM bundle of the CA that signed the plugin's certificate.")
     cert_file: Path | None = Field(
-        None, description="Client certificate (PEM), for a plugin that requires client auth."
+        None,
+        description="Client certificate (PEM), for a plugin that requires client auth "
+        "(`vk-provider plugin serve` on TCP always does).",
     )
     key_file: Path | None = Field(None, description="The client certificate's private key (PEM).")
     server_name: str | None = Field(

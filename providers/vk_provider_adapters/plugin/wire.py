@@ -10,12 +10,18 @@ Invariants:
 - Decoding never trusts the other side: an enum value this version does not know, or a
   message that cannot be a model, raises ``WireError`` naming the field; the client turns it
   into ``Transient`` (a plugin of another version), never a crash of the agent.
+- Every number a plugin answers is checked when decoded: prices, sizes, counts and durations
+  are finite, >= 0 and at most the ``MAX_*`` bounds below (counts are integers on the wire);
+  attempts, restart counts and usage are >= 0; timestamps are within years 1-9999. So a NaN
+  or negative price (which every budget cap would let through: ``nan > cap`` is False) never
+  reaches placement or the ledger.
 - Secret env values are carried (the plugin must run the container with them) but never put
   in an error message.
 """
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -59,6 +65,15 @@ _CONTAINER_STATES = {
 _CONTAINER_STATES_BACK = {wire: state for state, wire in _CONTAINER_STATES.items()}
 _PROBES_BY = ("provider", "agent", "none")
 
+# What a plugin may answer: far beyond any real machine or price, so nothing real is refused,
+# yet small enough that the agent's sums and comparisons (placement, budget caps) stay sane.
+MAX_PRICE_PER_HOUR = 1_000_000.0  # $/hour, for one whole instance
+MAX_GPUS = 1024
+MAX_VCPUS = 100_000.0
+MAX_GIB = 1_000_000.0  # memory and GPU memory
+MAX_AVAILABLE = 1_000_000
+MAX_STARTUP_SECONDS = 7 * 86400.0
+
 
 # --------------------------------------------------------------------------- small parts
 
@@ -72,12 +87,33 @@ def _timestamp(when: datetime | None) -> Timestamp | None:
 
 
 def _when(
-    message: pb.Instance | pb.ContainerStatus | pb.Termination, field: str
+    message: pb.Instance | pb.ContainerStatus | pb.Termination | pb.ContainerUsage,
+    field: str,
+    where: str,
 ) -> datetime | None:
     if not message.HasField(field):
         return None
     stamp: Timestamp = getattr(message, field)
-    return stamp.ToDatetime(tzinfo=UTC)
+    try:
+        return stamp.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        raise WireError(
+            f"{where}.{field}", f"not a valid time ({stamp.seconds} s, {stamp.nanos} ns)"
+        ) from None
+
+
+def _amount(value: float, field: str, most: float) -> float:
+    """A finite quantity from 0 to ``most`` (a price, a size, a duration)."""
+    if not math.isfinite(value) or not 0 <= value <= most:
+        raise WireError(field, f"must be a finite number from 0 to {most:g}, not {value!r}")
+    return value
+
+
+def _count(value: int, field: str, most: int = 2**63 - 1) -> int:
+    """A whole number from 0 to ``most``."""
+    if not 0 <= value <= most:
+        raise WireError(field, f"must be a whole number from 0 to {most}, not {value}")
+    return value
 
 
 # --------------------------------------------------------------------------- capabilities
@@ -138,20 +174,25 @@ def offer_to_pb(offer: Offer) -> pb.Offer:
     )
 
 
-def offer_from_pb(message: pb.Offer) -> Offer:
+def offer_from_pb(message: pb.Offer, where: str = "offer") -> Offer:
+    """The offer, its numbers checked (``where`` prefixes the field an error names)."""
     return Offer(
         provider=message.provider,
         sku=message.sku,
         region=message.region,
         gpu_model=message.gpu_model if message.HasField("gpu_model") else None,
-        gpu_count=message.gpu_count,
-        gpu_memory_gib=message.gpu_memory_gib,
-        vcpus=message.vcpus,
-        memory_gib=message.memory_gib,
-        price_per_hour=message.price_per_hour,
+        gpu_count=_count(message.gpu_count, f"{where}.gpu_count", MAX_GPUS),
+        gpu_memory_gib=_amount(message.gpu_memory_gib, f"{where}.gpu_memory_gib", MAX_GIB),
+        vcpus=_amount(message.vcpus, f"{where}.vcpus", MAX_VCPUS),
+        memory_gib=_amount(message.memory_gib, f"{where}.memory_gib", MAX_GIB),
+        price_per_hour=_amount(
+            message.price_per_hour, f"{where}.price_per_hour", MAX_PRICE_PER_HOUR
+        ),
         spot=message.spot,
-        available=message.available,
-        startup_seconds=message.startup_seconds,
+        available=_count(message.available, f"{where}.available", MAX_AVAILABLE),
+        startup_seconds=_amount(
+            message.startup_seconds, f"{where}.startup_seconds", MAX_STARTUP_SECONDS
+        ),
     )
 
 
@@ -197,8 +238,8 @@ def _status_from_pb(message: pb.ContainerStatus, where: str) -> ContainerStatus:
             exit_code=t.exit_code,
             reason=t.reason,
             message=t.message,
-            started_at=_when(t, "started_at"),
-            finished_at=_when(t, "finished_at"),
+            started_at=_when(t, "started_at", f"{where}.last_termination"),
+            finished_at=_when(t, "finished_at", f"{where}.last_termination"),
         )
     return ContainerStatus(
         name=message.name,
@@ -206,9 +247,9 @@ def _status_from_pb(message: pb.ContainerStatus, where: str) -> ContainerStatus:
         reason=message.reason,
         message=message.message,
         exit_code=message.exit_code if message.HasField("exit_code") else None,
-        started_at=_when(message, "started_at"),
-        finished_at=_when(message, "finished_at"),
-        restart_count=message.restart_count,
+        started_at=_when(message, "started_at", where),
+        finished_at=_when(message, "finished_at", where),
+        restart_count=_count(message.restart_count, f"{where}.restart_count"),
         last_termination=last,
         ready=message.ready if message.HasField("ready") else None,
         started=message.started if message.HasField("started") else None,
@@ -247,15 +288,17 @@ def instance_from_pb(message: pb.Instance, *, provider: str) -> Instance:
         provider=provider,
         instance_id=message.instance_id,
         pod_uid=message.pod_uid,
-        attempt=message.attempt,
+        attempt=_count(message.attempt, "instance.attempt"),
         state=state,
         offer_key=message.offer_key,
         exit_code=message.exit_code if message.HasField("exit_code") else None,
         message=message.message,
-        started_at=_when(message, "started_at"),
-        finished_at=_when(message, "finished_at"),
+        started_at=_when(message, "started_at", "instance"),
+        finished_at=_when(message, "finished_at", "instance"),
         ip=message.ip if message.HasField("ip") else None,
-        price_per_hour=message.price_per_hour,
+        price_per_hour=_amount(
+            message.price_per_hour, "instance.price_per_hour", MAX_PRICE_PER_HOUR
+        ),
         containers=tuple(
             _status_from_pb(s, f"instance.containers[{i}]")
             for i, s in enumerate(message.containers)
@@ -315,14 +358,20 @@ def usage_to_pb(usage: list[ContainerUsage]) -> pb.UsageResponse:
 def usage_from_pb(message: pb.UsageResponse) -> list[ContainerUsage]:
     found = []
     for index, u in enumerate(message.containers):
-        if not u.HasField("timestamp"):
-            raise WireError(f"usage.containers[{index}].timestamp", "is missing")
+        where = f"usage.containers[{index}]"
+        timestamp = _when(u, "timestamp", where)
+        if timestamp is None:
+            raise WireError(f"{where}.timestamp", "is missing")
         found.append(
             ContainerUsage(
                 name=u.name,
-                cpu_core_nanoseconds=u.cpu_core_nanoseconds,
-                memory_working_set_bytes=u.memory_working_set_bytes,
-                timestamp=u.timestamp.ToDatetime(tzinfo=UTC),
+                cpu_core_nanoseconds=_count(
+                    u.cpu_core_nanoseconds, f"{where}.cpu_core_nanoseconds"
+                ),
+                memory_working_set_bytes=_count(
+                    u.memory_working_set_bytes, f"{where}.memory_working_set_bytes"
+                ),
+                timestamp=timestamp,
             )
         )
     return found
