@@ -28,12 +28,12 @@ import sys
 from pathlib import Path
 
 import typer
-import yaml
 from rich.console import Console
 from rich.markup import escape
 
 from vk_provider.runtime.preflight import close_all
 from vk_provider.runtime.registry import Registry
+from vk_provider.settings.configfile import read_yaml
 from vk_provider.settings.secrets import ConfigError
 from vk_provider_adapters.plugin.address import PluginAddress, parse_address
 from vk_provider_adapters.plugin.server import Exposure, ServerTLS, exposure, serve
@@ -51,12 +51,7 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 
 def _entry(path: Path, kind: str) -> dict[str, object]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from exc
+    data = read_yaml(path)  # not UTF-8, too large or too deep: a ConfigError naming the file
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected one provider entry (a mapping) at the top level")
     given = data.get("type", kind)
