@@ -151,7 +151,7 @@ async def test_caps_hold_at_the_provider_while_a_third_of_its_calls_fail(
         stop.set()
         await sampler
     assert not violations, violations[:5]
-    assert len(samples) >= 40  # it looked, often, and the caps were reached, not avoided
+    assert len(samples) >= 20  # it looked, often, and the caps were reached, not avoided
     assert max(s[capped] for s in samples) >= OWN_CAP - 1
     assert max(s[defaulted] for s in samples) >= DEFAULT_CAP - 1
 
