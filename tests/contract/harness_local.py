@@ -72,8 +72,12 @@ class LocalHarness:
 
     def add_foreign_instance(self) -> None:
         assert self._state_dir is not None
-        # Something else in the same directory that is not an instance of ours.
+        # Things in the state directory that are not instances of ours: a directory of
+        # another name, and one named like an instance that holds no instance record.
         (self._state_dir / "not-ours").mkdir()
+        stray = self._state_dir / "local-stray-uid-0"
+        stray.mkdir()
+        (stray / "notes.txt").write_text("not an instance\n")
 
     def set_native_state(self, instance_id: str, native: str) -> None:
         assert self._state_dir is not None and native == "lost"

@@ -42,7 +42,9 @@ def harness(request: pytest.FixtureRequest) -> ContractHarness:
     return request.param  # type: ignore[no-any-return]
 
 
-async def test_is_a_provider(harness: ContractHarness) -> None:
+async def test_has_every_method_of_the_provider_protocol_and_a_name(
+    harness: ContractHarness,
+) -> None:
     async with harness.running() as provider:
         assert isinstance(provider, Provider)
         assert provider.name

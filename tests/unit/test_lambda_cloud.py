@@ -862,7 +862,7 @@ async def test_logs_of_a_booting_or_unknown_vm_are_not_found(
     assert fake.vms.log_options == []
 
 
-async def test_is_a_provider(provider: LambdaCloudProvider) -> None:
+async def test_has_the_provider_methods_and_its_name(provider: LambdaCloudProvider) -> None:
     assert isinstance(provider, Provider)
     assert provider.name == "lambda-test"
 

@@ -131,7 +131,7 @@ def test_without_the_sdk_the_error_says_how_to_install_it(
     assert isinstance(raised.value, ImportError)
 
 
-def test_is_a_provider(provider: ModalProvider) -> None:
+def test_has_the_provider_methods_its_name_and_log_capabilities(provider: ModalProvider) -> None:
     assert isinstance(provider, Provider)
     assert provider.name == "modal-test"
     assert provider.capabilities.logs and provider.capabilities.follow_logs

@@ -1193,7 +1193,9 @@ async def test_an_unset_key_fails_at_construction(tmp_path: Path) -> None:
         RunPodProvider(make_config(tmp_path / "missing"))
 
 
-async def test_is_a_provider(provider: RunPodProvider) -> None:
+async def test_has_the_provider_methods_its_name_and_log_capabilities(
+    provider: RunPodProvider,
+) -> None:
     assert isinstance(provider, Provider)
     assert provider.name == "rp"
     assert provider.capabilities.follow_logs and provider.capabilities.log_timestamps
