@@ -7,6 +7,7 @@ up cluster-scoped objects they create; namespaced objects go with the namespace.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -48,9 +49,10 @@ async def kube(kubeconfig: Path) -> AsyncIterator[ApiClient]:
         await api.close()
 
 
-@pytest.fixture
-async def namespace(kube: ApiClient) -> AsyncIterator[str]:
-    """A fresh namespace whose default ServiceAccount exists (so pods can be admitted)."""
+@contextlib.asynccontextmanager
+async def fresh_namespace(kube: ApiClient) -> AsyncIterator[str]:
+    """A fresh namespace whose default ServiceAccount exists (so pods can be admitted),
+    deleted afterwards."""
     core = client.CoreV1Api(kube)
     name = f"t-{uuid.uuid4().hex[:10]}"
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
@@ -64,3 +66,10 @@ async def namespace(kube: ApiClient) -> AsyncIterator[str]:
         yield name
     finally:
         await core.delete_namespace(name)
+
+
+@pytest.fixture
+async def namespace(kube: ApiClient) -> AsyncIterator[str]:
+    """A fresh namespace for the test (``fresh_namespace``)."""
+    async with fresh_namespace(kube) as name:
+        yield name

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
+from tests.conftest import fresh_namespace
 from tests.helpers import wait_for
 from tests.integration.agent_harness import (
     REST_TOKEN,
@@ -43,19 +43,8 @@ PODS_PER_NAMESPACE = 25
 
 @pytest.fixture
 async def other_namespace(kube: ApiClient) -> AsyncIterator[str]:
-    core = client.CoreV1Api(kube)
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-
-    async def default_sa_exists() -> bool:
-        accounts = await core.list_namespaced_service_account(name)
-        return any(sa.metadata.name == "default" for sa in accounts.items)
-
-    await wait_for(default_sa_exists, what=f"ServiceAccount default in {name}")
-    try:
+    async with fresh_namespace(kube) as name:
         yield name
-    finally:
-        await core.delete_namespace(name)
 
 
 async def test_caps_hold_at_the_provider_while_a_third_of_its_calls_fail(

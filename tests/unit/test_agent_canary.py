@@ -104,24 +104,32 @@ class CarelessProvider(MemoryProvider):
         )
 
 
-async def test_the_agent_redacts_a_pods_secrets_an_adapter_let_through(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def leaked_through_a_careless_adapter(
+    manifest: dict[str, object], caplog: pytest.LogCaptureFixture, **settings: object
+) -> list[tuple[str, list[str]]]:
+    """Run ``manifest`` through the careless adapter; what the agent wrote that still
+    carries the pod's secret (after checking that the refusal was written, redacted)."""
     caplog.set_level(logging.DEBUG)
-    base = memory_provider("careless", gpu_offer())
+    base = memory_provider("careless", gpu_offer(), **settings)
     careless = CarelessProvider(base._config, clock=base._clock, wall_clock=base._wall)
     core = Core(careless, guarded=True)
     store_secret(core)
     async with core.running():
-        await core.kube.create_pod(pod_with_secret())
+        await core.kube.create_pod(manifest)
         await core.until(lambda: "NoCapacity" in core.kube.reasons(), what="NoCapacity")
         written = await everything_the_agent_wrote(core, caplog)
     assert any("<redacted>" in text for text in written)  # the message was written, redacted
-    leaked = [
+    return [
         (text[:100], canary.leaks(text, (canary.SECRET,)))
         for text in written
         if canary.leaks(text, (canary.SECRET,))
     ]
+
+
+async def test_the_agent_redacts_a_pods_secrets_an_adapter_let_through(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    leaked = await leaked_through_a_careless_adapter(pod_with_secret(), caplog)
     assert not leaked, leaked
 
 
@@ -146,19 +154,6 @@ def pod_with_a_secret_in_every_kind_of_container() -> dict[str, object]:
 async def test_the_agent_redacts_the_secrets_of_init_sidecar_and_every_app_container(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.DEBUG)
-    base = memory_provider("careless", gpu_offer(), whole_pods=True)
-    careless = CarelessProvider(base._config, clock=base._clock, wall_clock=base._wall)
-    core = Core(careless, guarded=True)
-    store_secret(core)
-    async with core.running():
-        await core.kube.create_pod(pod_with_a_secret_in_every_kind_of_container())
-        await core.until(lambda: "NoCapacity" in core.kube.reasons(), what="NoCapacity")
-        written = await everything_the_agent_wrote(core, caplog)
-    assert any("<redacted>" in text for text in written)  # the message was written, redacted
-    leaked = [
-        (text[:100], canary.leaks(text, (canary.SECRET,)))
-        for text in written
-        if canary.leaks(text, (canary.SECRET,))
-    ]
+    manifest = pod_with_a_secret_in_every_kind_of_container()
+    leaked = await leaked_through_a_careless_adapter(manifest, caplog, whole_pods=True)
     assert not leaked, leaked
