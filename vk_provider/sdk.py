@@ -53,6 +53,7 @@ from vk_provider.domain.models import (
 from vk_provider.domain.node import VIRTUAL_NODE_TAINT_KEY
 from vk_provider.domain.quantity import parse_quantity
 from vk_provider.domain.redact import Redactor
+from vk_provider.settings.configfile import parse_yaml
 from vk_provider.settings.providers import (
     BuildContext,
     CloudProviderSettings,
@@ -102,4 +103,5 @@ __all__ = [
     "WorkloadSpec",
     "check_credential_url",
     "parse_quantity",
+    "parse_yaml",
 ]

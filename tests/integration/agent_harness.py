@@ -5,7 +5,12 @@ not share state; ``AgentHarness.replica`` starts a second agent of the same node
 provider state, as a second replica of one Deployment. Each agent has a pod name of its own
 (``POD_NAME``, its leader-election identity), kept across restarts as a pod's is.
 ``AgentHarness.stop_all`` stops every agent, terminates every simulated instance and deletes
-the test's Node objects and election Leases.
+the test's Node objects, election Leases and roles.
+
+Unless a test brings its own kubeconfig, an agent works with exactly the rights
+deploy/rbac.yaml grants, rendered for its node (``shipped_role``), in the namespace a
+Deployment of deploy/agent.yaml would give it (``POD_NAMESPACE``): the whole integration
+suite runs under the shipped role, and a call it does not allow fails the test that makes it.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ from typing import Any
 
 import yaml
 
+from tests.integration import shipped_role
 from vk_provider_adapters.local.adapter import LocalProvider
 from vk_provider_adapters.local.config import LocalProviderConfig
 from vk_provider_adapters.local.faults import clear_faults
 from vk_provider_adapters.local.processes import kill_local_processes
 from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.components import AUDITED_NAMESPACE
 
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Exists"}
 REST_TOKEN = "test-rest-token"
@@ -125,6 +132,7 @@ class AgentHarness:
         self._cluster = cluster
         self._tmp = tmp_path
         self.agents: list[AgentProcess] = []
+        self._granted: set[str] = set()
 
     def start(
         self,
@@ -141,7 +149,7 @@ class AgentHarness:
         leader_election: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
     ) -> AgentProcess:
-        node_name = f"vk-{uuid.uuid4().hex[:8]}"
+        node_name = (node or {}).get("name") or f"vk-{uuid.uuid4().hex[:8]}"
         root = self._tmp / node_name
         root.mkdir(parents=True)
         token_file = root / "rest-token"
@@ -184,12 +192,16 @@ class AgentHarness:
         provider_entries = list(config["providers"])
         config_path = root / "agent.yaml"
         config_path.write_text(yaml.safe_dump(config))
+        if kubeconfig is None:
+            kubeconfig = shipped_role.grant(self._cluster, node_name, root)
+            env = {"POD_NAMESPACE": AUDITED_NAMESPACE, **(env or {})}
+            self._granted.add(node_name)
         agent = AgentProcess(
             node=node_name,
             config_path=config_path,
             state_dir=root / "state",
             log_path=root / "agent.log",
-            kubeconfig=kubeconfig or self._cluster.kubeconfig,
+            kubeconfig=kubeconfig,
             provider_dirs=provider_dirs,
             provider_entries=provider_entries,
             pod_name=f"{node_name}-0",
@@ -248,7 +260,10 @@ class AgentHarness:
                 check=False,
                 timeout=30,
             )
-        for node in {agent.node for agent in self.agents}:
+        for node, namespace in {
+            (agent.node, agent.env.get("POD_NAMESPACE") or "kube-node-lease")
+            for agent in self.agents
+        }:
             subprocess.run(
                 [
                     _kubectl(),
@@ -257,7 +272,7 @@ class AgentHarness:
                     "delete",
                     "lease",
                     "-n",
-                    "kube-node-lease",
+                    namespace,
                     f"vk-provider-leader-{node}",
                     "--ignore-not-found",
                     "--wait=false",
@@ -266,6 +281,8 @@ class AgentHarness:
                 check=False,
                 timeout=30,
             )
+        for node in self._granted:
+            shipped_role.revoke(self._cluster, node)
         reap_runners(self._tmp)
 
 

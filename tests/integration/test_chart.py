@@ -125,6 +125,46 @@ def test_the_service_account_roles_are_deploy_rbac_yaml_s(helm: Path) -> None:
         assert ours[(kind, chart_name)]["rules"] == raw[(kind, raw_name)]["rules"], chart_name
 
 
+def test_the_roles_follow_the_node_name_and_secret_namespaces(helm: Path, tmp_path: Path) -> None:
+    """resourceNames name the release's node and Leases; rbac.secretNamespaces moves Secret and
+    ConfigMap reads from the ClusterRole into a Role per named namespace."""
+    values = {"nodeName": "gpu-pool-2", "rbac": {"secretNamespaces": ["team-a", "team-b"]}}
+    rendered = _run(
+        [
+            str(helm),
+            "template",
+            "r",
+            str(CHART),
+            "-n",
+            "vk",
+            "-f",
+            str(_values_file(tmp_path, values)),
+        ]
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    by = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d for d in docs}
+    cluster_rules = by[("ClusterRole", "r-vk-provider", None)]["rules"]
+    assert not any("secrets" in r["resources"] for r in cluster_rules)
+    named = {
+        r.get("resources")[0]: r.get("resourceNames") for r in cluster_rules if "resourceNames" in r
+    }
+    assert named == {"nodes": ["gpu-pool-2"], "nodes/status": ["gpu-pool-2"]}
+    lease = by[("Role", "r-vk-provider-lease", "kube-node-lease")]["rules"]
+    assert [r.get("resourceNames") for r in lease] == [None, ["gpu-pool-2"]]
+    election = by[("Role", "r-vk-provider-leader-election", "vk")]["rules"]
+    assert [r.get("resourceNames") for r in election] == [None, ["vk-provider-leader-gpu-pool-2"]]
+    for team in ("team-a", "team-b"):
+        role = by[("Role", "r-vk-provider-pod-values", team)]
+        assert role["rules"] == [
+            {"apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"]}
+        ]
+        binding = by[("RoleBinding", "r-vk-provider-pod-values", team)]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "r-vk-provider", "namespace": "vk"}
+        ]
+
+
 def test_template_passes_a_server_side_dry_run(
     helm: Path, control_plane: LocalCluster, namespace: str, tmp_path: Path
 ) -> None:

@@ -1,4 +1,5 @@
-"""deploy/rbac.yaml is enough: the agent runs pods end to end as that ServiceAccount."""
+"""deploy/rbac.yaml applied as shipped is enough: the agent of deploy/agent.yaml's node runs
+pods end to end as that ServiceAccount, and the REST API authorises every route."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, pod_on
+from tests.integration.shipped_role import SHIPPED_NODE
 from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster.cluster import LocalCluster
 
@@ -36,15 +38,22 @@ def _kubectl(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def deployed_rbac(control_plane: LocalCluster) -> Iterator[None]:
-    """deploy/ applied once for this module's tests (a namespace being deleted between two
-    tests would refuse the second apply)."""
+    """deploy/ applied verbatim once for this module's tests. The namespace stays: every
+    harness agent's ServiceAccount lives in it (tests/integration/shipped_role.py)."""
     files = ["-f", str(DEPLOY / "namespace.yaml"), "-f", str(DEPLOY / "rbac.yaml")]
     applied = _kubectl(control_plane.kubeconfig, "apply", *files)
     assert applied.returncode == 0, applied.stderr
     try:
         yield
     finally:
-        _kubectl(control_plane.kubeconfig, "delete", "--wait=false", "--ignore-not-found", *files)
+        _kubectl(
+            control_plane.kubeconfig,
+            "delete",
+            "--wait=false",
+            "--ignore-not-found",
+            "-f",
+            str(DEPLOY / "rbac.yaml"),
+        )
 
 
 async def test_agent_runs_with_only_the_deployed_rbac(
@@ -73,7 +82,10 @@ async def test_agent_runs_with_only_the_deployed_rbac(
 
     # As deploy/agent.yaml sets it: the election Lease goes to the agent's own namespace,
     # which only deploy/rbac.yaml's vk-provider-leader-election Role opens.
-    agent = agents.start(kubeconfig=kubeconfig, env={"POD_NAMESPACE": "vk-provider"})
+    # The node deploy/agent.yaml names: deploy/rbac.yaml confines node and Lease rights to it.
+    agent = agents.start(
+        kubeconfig=kubeconfig, node={"name": SHIPPED_NODE}, env={"POD_NAMESPACE": "vk-provider"}
+    )
 
     async def ready() -> bool:
         node = await api.get_node(agent.node)

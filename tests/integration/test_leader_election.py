@@ -37,10 +37,11 @@ from tests.integration.agent_harness import (
 )
 from vk_provider.domain.models import InstanceState
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster.components import AUDITED_NAMESPACE
 
 pytestmark = pytest.mark.integration
 
-LEASE_NAMESPACE = "kube-node-lease"  # outside a cluster, without POD_NAMESPACE
+LEASE_NAMESPACE = AUDITED_NAMESPACE  # the agent's own ($POD_NAMESPACE, as the harness sets it)
 LEASE_DURATION = 15
 RETRY_PERIOD = 2
 # A takeover waits one lease duration from the follower's last sight of a renewal, and is

@@ -223,7 +223,7 @@ async def test_place_a_budget_limited_pod_says_which_cap(capped_url: str, tmp_pa
     [
         ([], 2, "give either NAMESPACE/NAME or -f FILE"),
         (["ns/pod", "-f", "x.yaml"], 2, "give either NAMESPACE/NAME or -f FILE"),
-        (["-f", "/nonexistent/pod.yaml"], 2, "cannot read /nonexistent/pod.yaml"),
+        (["-f", "/nonexistent/pod.yaml"], 2, "/nonexistent/pod.yaml: cannot read (No such file"),
     ],
 )
 async def test_place_usage_errors(args: list[str], code: int, message: str) -> None:

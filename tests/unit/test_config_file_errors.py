@@ -167,3 +167,40 @@ def test_a_file_of_the_largest_size_loads_and_a_byte_order_mark_is_utf8(tmp_path
     assert read_yaml(bom) == {"a": 1}
     with pytest.raises(ConfigError, match="cannot read"):
         read_yaml(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("kind: Pod\nx: " + "[" * 100 + "]" * 100 + "\n", "nested deeper than 64 levels"),
+        (_laughs(), "more than 100000 values"),
+    ],
+    ids=["deep", "laughs"],
+)
+def test_a_pod_manifest_is_bounded_like_a_configuration_file(text: str, says: str) -> None:
+    from vk_provider.cli.manifests import ManifestError, pod_from_manifest
+
+    with pytest.raises(ManifestError, match=says):
+        pod_from_manifest(text, where="standard input")
+
+
+def test_a_manifest_file_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
+    from vk_provider.cli.manifests import ManifestError, read_manifest
+
+    path = tmp_path / "pod.yaml"
+    path.write_bytes(b"kind: Pod\nmetadata: {name: \xff}\n")
+    with pytest.raises(ManifestError, match=r"pod.yaml: not UTF-8: byte 0xff at offset 27"):
+        read_manifest(str(path))
+
+
+def test_several_documents_each_within_bounds_still_parse() -> None:
+    assert configfile.parse_yaml_all("a: 1\n---\n---\nb: [2]\n") == [{"a": 1}, None, {"b": [2]}]
+
+
+def test_a_kubeconfig_past_the_bounds_says_which_without_its_content() -> None:
+    from vk_provider_adapters.kubernetes.kubeconfig import KubeconfigError, load_kubeconfig
+
+    text = "current-context: secret-value-here\nx: " + "[" * 100 + "]" * 100 + "\n"
+    with pytest.raises(KubeconfigError, match="nested deeper than 64") as caught:
+        load_kubeconfig(text)
+    assert "secret-value-here" not in str(caught.value)

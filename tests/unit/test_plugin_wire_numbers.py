@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from tests.unit.controller_harness import Core, pod_manifest
 from vk_provider.domain.errors import Transient
 from vk_provider.domain.models import Offer
 from vk_provider_adapters.plugin import rpc, wire
@@ -206,3 +207,63 @@ async def test_a_plugin_answering_nonsense_numbers_is_a_provider_error(
         await liar.get("i-1")
     with pytest.raises(Transient, match=r"instance\.attempt"):
         await liar.list_ours()
+
+
+async def test_a_nan_price_for_a_created_instance_is_refused_with_an_event_on_the_pod(
+    tmp_path: Path,
+) -> None:
+    """Through the production controllers: the create's answer is refused (a provider error
+    naming the field, in the pod's ProviderCreateFailed Event), never put in the ledger."""
+
+    async def describe(_request: Any, _context: Any) -> pb.DescribeResponse:
+        return pb.DescribeResponse()
+
+    async def offers(_request: Any, _context: Any) -> pb.OffersResponse:
+        return pb.OffersResponse(offers=[wire.offer_to_pb(GOOD)])
+
+    async def create(_request: Any, _context: Any) -> pb.Instance:
+        return _instance(price_per_hour=NAN)
+
+    async def list_ours(_request: Any, _context: Any) -> pb.ListOursResponse:
+        return pb.ListOursResponse()
+
+    def unary(behaviour: Any, request: Any) -> grpc.RpcMethodHandler[Any, Any]:
+        return grpc.unary_unary_rpc_method_handler(
+            behaviour,
+            request_deserializer=request.FromString,
+            response_serializer=lambda m: m.SerializeToString(),
+        )
+
+    server = grpc.aio.server()
+    handlers = {
+        "Describe": unary(describe, pb.DescribeRequest),
+        "Offers": unary(offers, pb.OffersRequest),
+        "Create": unary(create, pb.CreateRequest),
+        "ListOurs": unary(list_ours, pb.ListOursRequest),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(rpc.SERVICE, handlers),))
+    socket = tmp_path / "liar.sock"
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    provider = GrpcProvider(
+        GrpcProviderConfig.model_validate(
+            {"type": "grpc", "name": "p", "address": f"unix://{socket}"}
+        )
+    )
+    core = Core(provider)
+    try:
+        async with core.running():
+            await core.kube.create_pod(pod_manifest("infer", gpus=8))
+
+            def refused() -> list[dict[str, Any]]:
+                return [e for e in core.kube.events if e["reason"] == "ProviderCreateFailed"]
+
+            (event, *_) = await core.until(refused, within=60, what="ProviderCreateFailed")
+            assert "instance.price_per_hour" in event["message"], event
+            assert core.phase("infer") != "Running"
+            # Held as "may exist" at the offer's price until a listing shows it absent.
+            assert all(math.isfinite(held) for held in core.ledger.holds().values())
+            assert core.ledger.total_per_hour() <= GOOD.price_per_hour
+    finally:
+        await provider.close()
+        await server.stop(0)

@@ -23,6 +23,8 @@ from typing import Any
 import yaml
 
 from vk_provider.kube.client import ApiError, KubeClient
+from vk_provider.settings.configfile import parse_yaml_all, read_text
+from vk_provider.settings.secrets import ConfigError
 
 JSON = dict[str, Any]
 _TEMPLATED = {
@@ -70,7 +72,8 @@ def pod_of(document: Mapping[str, Any]) -> JSON | None:
 
 def _documents(text: str, where: str) -> list[Any]:
     try:
-        found = [d for d in yaml.safe_load_all(text) if d is not None]  # JSON is YAML too
+        # JSON is YAML too; a manifest is bounded like a configuration file.
+        found = [d for d in parse_yaml_all(text, name=where) if d is not None]
     except yaml.YAMLError as exc:
         raise ManifestError(f"{where} is not YAML or JSON ({exc})") from None
     items: list[Any] = []
@@ -101,11 +104,9 @@ def read_manifest(path: str, *, namespace: str | None = None) -> JSON:
     if path == "-":
         return pod_from_manifest(sys.stdin.read(), where="standard input", namespace=namespace)
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ManifestError(f"cannot read {path} ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise ManifestError(f"{path} is not a text file") from None
+        text = read_text(Path(path))
+    except ConfigError as exc:
+        raise ManifestError(str(exc)) from None
     return pod_from_manifest(text, where=path, namespace=namespace)
 
 

@@ -39,7 +39,7 @@ from vk_provider.domain.podstatus import container_view, terminated_of, waiting_
 from vk_provider.domain.podview import JSON, PodKey, PodView, Waiting
 from vk_provider.domain.reconcile import choose_adoptee
 from vk_provider.domain.workload import Translation, to_request
-from vk_provider.kube.client import KubeClient
+from vk_provider.kube.client import ForbiddenError, KubeClient
 from vk_provider.settings.agent import IntervalsConfig
 
 log = logging.getLogger(__name__)
@@ -196,14 +196,24 @@ class Placer:
         refs = references(pod.raw)
         secrets: dict[str, JSON] = {}
         config_maps: dict[str, JSON] = {}
-        for name in sorted(refs.secrets):
-            found = await self._kube.get_secret(pod.namespace, name)
-            if found is not None:
-                secrets[name] = found
-        for name in sorted(refs.config_maps):
-            found = await self._kube.get_config_map(pod.namespace, name)
-            if found is not None:
-                config_maps[name] = found
+        for kind, names, read, into in (
+            ("Secret", refs.secrets, self._kube.get_secret, secrets),
+            ("ConfigMap", refs.config_maps, self._kube.get_config_map, config_maps),
+        ):
+            for name in sorted(names):
+                try:
+                    found = await read(pod.namespace, name)
+                except ForbiddenError as exc:
+                    # Confined RBAC (the chart's rbac.secretNamespaces): retried, as a
+                    # missing object is, in case the operator widens the role.
+                    raise InvalidPodSpec(
+                        f"{kind} {name!r}",
+                        f"the agent may not read it in namespace {pod.namespace!r} ({exc}); "
+                        "grant it get on secrets and configmaps there",
+                        retryable=True,
+                    ) from exc
+                if found is not None:
+                    into[name] = found
         return to_request(
             pod.raw,
             secrets=secrets,

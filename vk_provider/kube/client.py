@@ -48,6 +48,10 @@ class ApiError(RuntimeError):
         self.status = status
 
 
+class ForbiddenError(ApiError):
+    """RBAC (or the Node authorizer) refused the call."""
+
+
 class NotFoundError(ApiError):
     pass
 
@@ -71,9 +75,12 @@ def _error(status: int, reason: str, body: str | bytes | None) -> ApiError:
             message = json.loads(body).get("message", message)
         except (ValueError, AttributeError):
             message = str(body)[:500]
-    kind: type[ApiError] = {404: NotFoundError, 409: ConflictError, 410: GoneError}.get(
-        status, ApiError
-    )
+    kind: type[ApiError] = {
+        403: ForbiddenError,
+        404: NotFoundError,
+        409: ConflictError,
+        410: GoneError,
+    }.get(status, ApiError)
     return kind(status, message)
 
 

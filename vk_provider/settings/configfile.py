@@ -15,7 +15,9 @@ than any limit. ``MAX_VALUES`` bounds time too: the pure-Python parser (``yaml.s
 takes a few seconds to compose 100,000 values, so composing stops there, aliases or not.
 
 ``read_yaml`` is meant for every configuration file the command line reads, the agent's
-(``load_config``) and a plugin's single provider entry alike.
+(``load_config``) and a plugin's single provider entry alike; ``parse_yaml`` and
+``parse_yaml_all`` for YAML text from elsewhere (a kubeconfig from a Secret, a manifest on
+standard input).
 
 Invariants:
 - ``read_yaml`` returns what ``yaml.safe_load`` would, or raises ``ConfigError`` whose message
@@ -160,6 +162,23 @@ def parse_yaml(text: str, name: str = "<unicode string>") -> object:
             return None
         _measure(node, 1, {})
         return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def parse_yaml_all(text: str, name: str = "<unicode string>") -> list[object]:
+    """``list(yaml.safe_load_all(text))`` within the bounds, each document on its own (the
+    values limit counts all of them: a stream of many small documents costs time too)."""
+    loader = _BoundedLoader(text)
+    loader.name = name
+    documents: list[object] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is not None:
+                _measure(node, 1, {})
+                documents.append(loader.construct_document(node))
+        return documents
     finally:
         loader.dispose()
 

@@ -133,6 +133,11 @@ class LocalCluster:
     def _state_file(self) -> Path:
         return self.directory / "cluster.json"
 
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log of the agent's ServiceAccounts (components.audit_policy)."""
+        return self.directory / "audit.log"
+
     def log_file(self, component: str) -> Path:
         return self.directory / "logs" / f"{component}.log"
 
@@ -369,6 +374,7 @@ class LocalCluster:
         (self.directory / "scheduler-config.yaml").write_text(
             components.scheduler_config(self.directory / "scheduler.kubeconfig")
         )
+        (self.directory / "audit-policy.yaml").write_text(components.audit_policy())
 
     def _commands(
         self, binaries: Binaries, ports: ClusterPorts, flags: ClusterFlags

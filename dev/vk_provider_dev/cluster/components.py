@@ -69,6 +69,32 @@ def kubeconfig_text(
     return yaml.safe_dump(document, sort_keys=False)
 
 
+# The namespace whose ServiceAccounts the API server audits (deploy/namespace.yaml): the
+# agent's identity when it runs as deploy/rbac.yaml sets it up. Their requests, at Metadata
+# level, land in audit.log in the cluster's directory: who called which verb on which object
+# and what the answer was, which is how the tests derive the agent's RBAC from its calls.
+AUDITED_NAMESPACE = "vk-provider"
+
+
+def audit_policy() -> str:
+    """Metadata for the audited ServiceAccounts' requests, nothing for anyone else's."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {
+                    "level": "Metadata",
+                    "userGroups": [f"system:serviceaccounts:{AUDITED_NAMESPACE}"],
+                },
+                {"level": "None"},
+            ],
+        },
+        sort_keys=False,
+    )
+
+
 def scheduler_config(kubeconfig: Path) -> str:
     return yaml.safe_dump(
         {
@@ -140,6 +166,11 @@ def commands(
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             f"--proxy-client-cert-file={p.front_proxy_client.cert}",
             f"--proxy-client-key-file={p.front_proxy_client.key}",
+            f"--audit-policy-file={d / 'audit-policy.yaml'}",
+            f"--audit-log-path={d / 'audit.log'}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=200",
+            "--audit-log-maxbackup=1",
             "--profiling=false",
             "--v=1",
         ],

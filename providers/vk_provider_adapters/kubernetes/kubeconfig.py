@@ -46,7 +46,7 @@ from kubernetes_asyncio.config import kube_config
 from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.config.kube_config import ConfigNode, KubeConfigLoader
 
-from vk_provider.sdk import ConfigError, check_credential_url
+from vk_provider.sdk import ConfigError, check_credential_url, parse_yaml
 from vk_provider_adapters.kubernetes.config import KubernetesProviderConfig
 
 _UNSUPPORTED = ("exec", "auth-provider", "username")
@@ -89,11 +89,12 @@ def load_kubeconfig(
     loopback host and only when ``allow_insecure_loopback`` says so.
     """
     try:
-        document = yaml.safe_load(text)
+        document = parse_yaml(text, name="kubeconfig")  # bounded: depth, values
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise KubeconfigError(f"kubeconfig: not valid YAML{where}") from None
+        if mark is None:  # past a bound: the message names the limit and the line, no content
+            raise KubeconfigError(f"kubeconfig: {exc}") from None
+        raise KubeconfigError(f"kubeconfig: not valid YAML (line {mark.line + 1})") from None
     if not isinstance(document, dict):
         raise KubeconfigError("kubeconfig: expected a mapping at the top level")
     if context is None and not document.get("current-context"):
