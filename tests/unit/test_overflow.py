@@ -20,6 +20,7 @@ from vk_provider.domain.overflow import (
     condition_fields,
     needed_free,
     overflow_taints,
+    stale,
     state_from_taints,
     step,
 )
@@ -203,3 +204,50 @@ def test_the_condition_says_why() -> None:
     )
     assert (status, reason) == ("True", "SignalUnavailable")
     assert "keeping the overflow open" in message and "connection refused" in message
+
+
+def _sampled(reading: Reading, at: float) -> Reading:
+    return Reading(
+        reading.allocatable, reading.requested, reading.unscheduled, reading.unfit, sampled_at=at
+    )
+
+
+def test_one_old_sample_read_again_and_again_never_opens() -> None:
+    """Prometheus evaluating every 60 s: the agent reads the same full sample at every 5-s
+    tick. Only a second sample 60 s later shows the own GPUs full for open_after."""
+    ticks = [(t, _sampled(FULL, 1000.0)) for t in range(1000, 1060, 5)]
+    assert replay(ticks) == []
+    later = [*ticks, (1060, _sampled(FULL, 1060.0))]
+    assert replay(later) == [(1060, OPEN)]
+
+
+def test_the_run_is_measured_by_sample_time_not_by_the_agents_clock() -> None:
+    """Samples 2 s apart read by a slow agent 20 s apart: the run is 2 s, not 20."""
+    readings = [(0, _sampled(FULL, 0.0)), (20, _sampled(FULL, 2.0))]
+    assert replay(readings) == []
+
+
+def test_a_reading_older_than_max_sample_age_is_stale() -> None:
+    policy = OverflowPolicy(max_sample_age=60)
+    assert stale(_sampled(FULL, 1000.0), now=1060, policy=policy) is None
+    why = stale(_sampled(FULL, 1000.0), now=1090, policy=policy)
+    assert why is not None and "90s old" in why and "max_sample_age_seconds 60" in why
+    assert stale(FULL, now=10**9, policy=policy) is None  # no timestamp: taken when read
+
+
+def test_a_pending_pod_that_fits_no_own_node_opens_with_gpus_free() -> None:
+    """Fragmentation: 8 GPUs free in all, but no node has the 8 a pending pod asks for."""
+    fragmented = Reading(allocatable=16, requested=8, unscheduled=8, unfit=8)
+    assert fragmented.full and fragmented.free == 8
+    assert replay(every(5, 10, fragmented)) == [(10, OPEN)]
+    assert "8 of them fit no own node" in fragmented.describe()
+
+
+def test_free_gpus_do_not_close_while_a_pending_pod_fits_no_own_node() -> None:
+    fragmented = Reading(allocatable=16, requested=8, unscheduled=8, unfit=8)
+    assert replay(every(5, 300, fragmented), start=OPEN) == []
+
+
+def test_every_own_node_cordoned_with_demand_is_full() -> None:
+    assert Reading(allocatable=0, requested=0, unscheduled=1, unfit=1).full
+    assert not Reading(allocatable=0, requested=0).full

@@ -19,7 +19,7 @@ from vk_provider.controllers.prometheus import PrometheusSignal, SignalUnavailab
 from vk_provider.domain.overflow import OverflowQueries, Reading
 
 URL = "http://prometheus.test:9090"
-QUERIES = OverflowQueries("alloc", "req", "unsched")
+QUERIES = OverflowQueries("alloc", "req", "unsched", "unfit")
 TOKEN = "prom-s3cret-token"
 
 
@@ -46,18 +46,45 @@ def answer(mock: respx.MockRouter, bodies: dict[str, httpx.Response]) -> respx.R
 
 
 @respx.mock
-async def test_a_reading_from_three_instant_queries(signal: PrometheusSignal) -> None:
+async def test_a_reading_from_instant_queries_with_the_samples_time(
+    signal: PrometheusSignal,
+) -> None:
     route = answer(
         respx.mock,
         {
             "alloc": httpx.Response(200, json=vector("32")),
             "req": httpx.Response(200, json=vector("30")),
+            # When the rule was evaluated: the older of the two decides.
+            "timestamp(alloc)": httpx.Response(200, json=vector("1764589990")),
+            "timestamp(req)": httpx.Response(200, json=vector("1764589985")),
             "unsched": httpx.Response(200, json=vector(None)),  # no unscheduled demand
+            "unfit": httpx.Response(200, json=vector("8")),
         },
     )
-    assert await signal.read() == Reading(allocatable=32, requested=30, unscheduled=0)
-    assert route.call_count == 3
+    assert await signal.read() == Reading(
+        allocatable=32, requested=30, unscheduled=0, unfit=8, sampled_at=1764589985
+    )
+    assert route.call_count == 6
     assert route.calls[0].request.headers["Authorization"] == f"Bearer {TOKEN}"
+
+
+@respx.mock
+async def test_without_an_unfit_query_nothing_is_unfit() -> None:
+    answer(
+        respx.mock,
+        {
+            "alloc": httpx.Response(200, json=vector("8")),
+            "req": httpx.Response(200, json=vector("0")),
+            "timestamp(alloc)": httpx.Response(200, json=vector("100")),
+            "timestamp(req)": httpx.Response(200, json=vector("100")),
+            "unsched": httpx.Response(200, json=vector("2")),
+        },
+    )
+    prom = PrometheusSignal(URL, OverflowQueries("alloc", "req", "unsched"), timeout=2)
+    try:
+        assert (await prom.read()).unfit == 0
+    finally:
+        await prom.close()
 
 
 @respx.mock

@@ -11,18 +11,23 @@ the metrics show.
 
 On start the state is read from the node's taints (an agent that restarts mid-story keeps
 the overflow as it was); the hysteresis timers start afresh, so a restart can delay a
-transition but never cause one.
+transition but never cause one. A reading whose newest sample is older than
+``max_sample_age_seconds`` counts as a lost signal (``domain.overflow.stale``).
+
+A transition is committed only once the node's taint says so: when the taint write fails,
+the controller keeps the previous state and timers, so the next tick makes the same
+transition again, with its Event and metric, instead of losing them.
 
 Invariants: nothing is written on missing data except the condition saying so; the taint
 write carries the node's resourceVersion (a concurrent edit is re-read, never overwritten);
-a failed tick is retried at the next one, never fatal.
+a failed tick is retried at the next one, never fatal; the state in memory never runs ahead
+of the node's taint.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,6 +45,7 @@ from vk_provider.domain.overflow import (
     condition_fields,
     needed_free,
     overflow_taints,
+    stale,
     state_from_taints,
     step,
 )
@@ -110,7 +116,6 @@ class OverflowController:
         events: NodeEvents,
         gpu_requests: Callable[[], Iterable[float]] = list,
         observer: OverflowObserver | None = None,
-        clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         node_admin: KubeClient | None = None,
     ) -> None:
@@ -126,7 +131,6 @@ class OverflowController:
         self._events = events
         self._gpu_requests = gpu_requests
         self._observer = observer or _NoObserver()
-        self._clock = clock
         self._wall = wall_clock
         self._flip: Flip | None = None
         self._since: datetime | None = None
@@ -143,7 +147,7 @@ class OverflowController:
         flip = self._flip
         if flip is None:
             return None
-        now = self._clock()
+        now = self._wall().timestamp()
         return OverflowView(
             state=flip.state,
             since=self._since,
@@ -186,54 +190,61 @@ class OverflowController:
             self._flip = Flip(state_from_taints(taints, key=self._key))
             self._since = _condition_since(node)
             log.info("overflow: starting %s (from the node's taints)", self._flip.state.value)
+        now = self._wall()
         reading: Reading | None
         try:
             reading = await self._signal.read()
-            self._error = ""
+            self._error = stale(reading, now=now.timestamp(), policy=self._policy) or ""
+            if self._error:
+                reading = None
         except SignalUnavailable as exc:
             reading, self._error = None, str(exc)
-        was_ok = self._flip.signal_ok
+        before = self._flip
         self._needed = needed_free(self._policy, self._gpu_requests())
-        self._flip, transition = step(
-            self._flip, reading, now=self._clock(), policy=self._policy, needed=self._needed
+        after, transition = step(
+            before, reading, now=now.timestamp(), policy=self._policy, needed=self._needed
         )
         if reading is not None:
             self._reading = reading
-        self._last = self._wall()
+        self._last = now
+        if not await self._assert_taint(node, taints, after.state):
+            return  # not committed: the same transition is made again next tick
+        self._flip = after
         if transition is not None:
             self._transitions += 1
             self._since = self._last
             log.info("overflow: %s", transition.message)
-        await self._assert_taint(node, taints)
         await self._write_condition()
-        await self._say(node, transition, was_ok)
+        await self._say(node, transition, before.signal_ok)
         if transition is not None:
             self._observer.overflow_transition(transition.to)
         view = self.view()
         if view is not None:
             self._observer.overflow_evaluated(view)
 
-    async def _assert_taint(self, node: dict[str, Any], taints: list[dict[str, Any]]) -> None:
-        """The node's taints as the state wants them; a concurrent edit is re-read (a few
-        times), so the transition's Events are never lost to a write conflict."""
-        assert self._flip is not None
+    async def _assert_taint(
+        self, node: dict[str, Any], taints: list[dict[str, Any]], state: OverflowState
+    ) -> bool:
+        """The node's taints as ``state`` wants them; a concurrent edit is re-read (a few
+        times). True once the node says ``state``; an API error propagates (not committed)."""
         for _ in range(_TAINT_ATTEMPTS):
-            wanted = overflow_taints(taints, self._flip.state, key=self._key, value=self._value)
+            wanted = overflow_taints(taints, state, key=self._key, value=self._value)
             if wanted == taints:
-                return
+                return True
             version = (node.get("metadata") or {}).get("resourceVersion")
             try:
                 await self._admin.patch_node(
                     self._node,
                     {"metadata": {"resourceVersion": version}, "spec": {"taints": wanted}},
                 )
-                return
+                return True
             except ConflictError:
                 fresh = await self._admin.get_node(self._node)
                 if fresh is None:
-                    return
+                    return False
                 node, taints = fresh, (fresh.get("spec") or {}).get("taints") or []
         log.warning("overflow: the node's taints kept changing; asserting them next tick")
+        return False
 
     async def _write_condition(self) -> None:
         assert self._flip is not None

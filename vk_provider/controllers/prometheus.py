@@ -1,7 +1,9 @@
 """The overflow flip's signal: instant queries against Prometheus' HTTP API.
 
-``PrometheusSignal.read()`` runs the three configured queries (own GPUs allocatable,
-requested, unscheduled demand) through ``GET /api/v1/query`` and returns a ``Reading``.
+``PrometheusSignal.read()`` runs the configured queries (own GPUs allocatable, requested,
+unscheduled demand and the part of it that fits no own node) through ``GET /api/v1/query``,
+and ``timestamp()`` of the first two for when their samples were taken (a recording rule's
+sample carries the time of its evaluation), and returns a ``Reading``.
 Anything that is not a clear number — a connection error, a timeout, a non-2xx answer, a
 ``status: error`` body, an empty result for allocatable or requested, a NaN — raises
 ``SignalUnavailable`` with a message that says which query and why, so the flip keeps its
@@ -70,10 +72,18 @@ class PrometheusSignal:
 
     async def read(self) -> Reading:
         q = self._queries
+        allocatable = await self.query(q.allocatable)
+        requested = await self.query(q.requested)
+        sampled_at = min(
+            await self.query(f"timestamp({q.allocatable})"),
+            await self.query(f"timestamp({q.requested})"),
+        )
         return Reading(
-            allocatable=await self.query(q.allocatable),
-            requested=await self.query(q.requested),
+            allocatable=allocatable,
+            requested=requested,
             unscheduled=await self.query(q.unscheduled, required=False),
+            unfit=await self.query(q.unfit, required=False) if q.unfit else 0.0,
+            sampled_at=sampled_at,
         )
 
     async def close(self) -> None:

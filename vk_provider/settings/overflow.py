@@ -54,9 +54,14 @@ class QueriesConfig(Strict):
         "flip:unscheduled_gpu_requested:sum",
         description="GPUs requested by pods no node has taken yet (shown, not decisive).",
     )
+    unfit: str = Field(
+        "flip:unscheduled_gpu_unfit:sum",
+        description="GPUs requested by pending pods that fit no single own node (fragmented "
+        'or full): demand the own GPUs cannot take, which opens the overflow; "" for none.',
+    )
 
     def to_queries(self) -> OverflowQueries:
-        return OverflowQueries(self.allocatable, self.requested, self.unscheduled)
+        return OverflowQueries(self.allocatable, self.requested, self.unscheduled, self.unfit)
 
 
 class OverflowConfig(Strict):
@@ -76,6 +81,14 @@ class OverflowConfig(Strict):
     close_after_seconds: float = Field(
         60, ge=0, le=86400, description="Enough own GPUs free this long: close it."
     )
+    max_sample_age_seconds: float = Field(
+        180,
+        gt=0,
+        le=3600,
+        description="A signal whose newest sample (its timestamp in Prometheus) is older than "
+        "this is lost, not read: the flip keeps its state. Three evaluations of Prometheus' "
+        "default 1-minute interval; the shipped rules evaluate every 5 s.",
+    )
     close_min_free_gpus: int | None = Field(
         None,
         ge=1,
@@ -89,4 +102,5 @@ class OverflowConfig(Strict):
             open_after=self.open_after_seconds,
             close_after=self.close_after_seconds,
             close_min_free_gpus=self.close_min_free_gpus,
+            max_sample_age=self.max_sample_age_seconds,
         )
