@@ -21,6 +21,8 @@ from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster.binaries import ensure_binaries
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.flags import GANG_SCHEDULING
+from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
+from vk_provider_dev.cluster.flip.tools import ensure_flip_tools
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,25 @@ def gang_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture(scope="module")
+def two_node_flip(
+    gang_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FlipComponents]:
+    """KWOK with two own GPU nodes of 8 GPUs, kube-state-metrics and Prometheus beside the
+    module's ``gang_cluster``; everything it started is stopped afterwards, whatever the
+    tests did (Kueue and the descheduler included, when a test started them)."""
+    components = start_flip_components(
+        gang_cluster,
+        directory=tmp_path_factory.mktemp("flip"),
+        own_nodes=2,
+        tools=ensure_flip_tools(),
+    )
+    with components:
+        yield components
+    for child in (components.kwok, components.ksm, components.prometheus, components.kueue):
+        assert child is None or not child.running, f"{child} left running"
 
 
 @pytest.fixture

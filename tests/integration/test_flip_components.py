@@ -31,8 +31,7 @@ from vk_provider_dev.cluster.flip import workloads
 from vk_provider_dev.cluster.flip.adminapi import AdminApi
 from vk_provider_dev.cluster.flip.descheduler import OVERFLOW_TAINT, PLUGIN
 from vk_provider_dev.cluster.flip.kwok import node_ready
-from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
-from vk_provider_dev.cluster.flip.tools import ensure_flip_tools
+from vk_provider_dev.cluster.flip.stack import FlipComponents
 
 pytestmark = pytest.mark.integration
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
@@ -40,19 +39,8 @@ JSON = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def flip(
-    gang_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[FlipComponents]:
-    components = start_flip_components(
-        gang_cluster,
-        directory=tmp_path_factory.mktemp("flip"),
-        own_nodes=2,
-        tools=ensure_flip_tools(),
-    )
-    with components:
-        yield components
-    for child in (components.kwok, components.ksm, components.prometheus):
-        assert not child.running, f"{child} left running"
+def flip(two_node_flip: FlipComponents) -> FlipComponents:
+    return two_node_flip
 
 
 @pytest.fixture
@@ -167,6 +155,10 @@ def test_own_gpus_full_follows_a_deployment_through_prometheus(
     flip: FlipComponents, namespace: str
 ) -> None:
     prometheus = flip.prometheus
+    # A real cluster always runs some pod (kube-state-metrics' own, at least); requests read
+    # 0 only while kube-state-metrics exports pods at all (never "all free" on lost data).
+    idle = workloads.gpu_deployment("idle", namespace=namespace, replicas=1, gpus=0)
+    flip.api.create(workloads.deployments_path(namespace), idle)
     prometheus.wait_for_value("flip:own_gpus_full", lambda v: v == 0, what="own GPUs idle")
     assert prometheus.value("flip:own_gpu_allocatable:sum") == 16
 

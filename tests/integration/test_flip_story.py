@@ -37,6 +37,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers
+from vk_provider.domain.podview import deletion_cost
 from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.flip import workloads as w
@@ -150,6 +151,40 @@ async def _until_effect(api: KubeClient, node: str, effect: str, *, within: floa
     return time.monotonic()
 
 
+def _offer(sku: str, *, gpus: int, price: float, capacity: int) -> dict[str, Any]:
+    return {
+        "sku": sku,
+        "gpu_model": "A100-80GB",
+        "gpu_count": gpus,
+        "gpu_memory_gib": 80,
+        "vcpus": 8,
+        "memory_gib": 64,
+        "price_per_hour": price,
+        "capacity": capacity,
+    }
+
+
+def _flip_agent(
+    agents: AgentHarness,
+    components: FlipComponents,
+    offers: list[dict[str, Any]],
+    *,
+    close_after: float,
+) -> AgentProcess:
+    """The agent on one ``local`` provider with the flip on, reading the components'
+    Prometheus every second, opening after 3 s of full own GPUs."""
+    return agents.start(
+        providers=[{"name": "cloud", "offers": offers}],
+        overflow={
+            "enabled": True,
+            "prometheus": {"url": components.prometheus.url, "timeout_seconds": 2},
+            "interval_seconds": 1,
+            "open_after_seconds": 3,
+            "close_after_seconds": close_after,
+        },
+    )
+
+
 def _create(components: FlipComponents, path: str, body: dict[str, Any]) -> None:
     components.api.create(path, body)
 
@@ -187,31 +222,8 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
         _create, components, w.PRIORITY_CLASSES, w.priority_class(training_class, 1000)
     )
 
-    agent = story_agents.start(
-        providers=[
-            {
-                "name": "cloud",
-                "offers": [
-                    {
-                        "sku": "a100",
-                        "gpu_model": "A100-80GB",
-                        "gpu_count": 1,
-                        "gpu_memory_gib": 80,
-                        "vcpus": 8,
-                        "memory_gib": 64,
-                        "price_per_hour": 1.2,
-                        "capacity": 8,
-                    }
-                ],
-            }
-        ],
-        overflow={
-            "enabled": True,
-            "prometheus": {"url": components.prometheus.url, "timeout_seconds": 2},
-            "interval_seconds": 1,
-            "open_after_seconds": 3,
-            "close_after_seconds": 5,
-        },
+    agent = _flip_agent(
+        story_agents, components, [_offer("a100", gpus=1, price=1.2, capacity=8)], close_after=5
     )
     node = agent.node
     await _node_ready(api, node, agent)
@@ -417,3 +429,102 @@ def _diagnose(agent: AgentProcess, components: FlipComponents) -> None:
                 meta.get("deletionTimestamp"),
                 meta.get("finalizers"),
             )
+
+
+def _free_home_slots(components: FlipComponents, gpus: int) -> int:
+    """How many ``gpus``-GPU pods the own nodes still take (what earlier tests left there)."""
+    used: dict[str, float] = dict.fromkeys(components.nodes, 0.0)
+    for pod in components.api.items("/api/v1/pods"):
+        node = pod["spec"].get("nodeName")
+        if node in used and pod["status"].get("phase") not in ("Succeeded", "Failed"):
+            for container in pod["spec"]["containers"]:
+                limits = (container.get("resources") or {}).get("limits") or {}
+                used[node] += float(limits.get(w.GPU_RESOURCE, 0))
+    return sum(int((8 - used[node]) // gpus) for node in components.nodes)
+
+
+async def test_scale_in_removes_rented_replicas_first_the_dearest_first(
+    components: FlipComponents,
+    story_agents: AgentHarness,
+    kube_b: KubeClient,
+    raw: ApiClient,
+) -> None:
+    """A real ReplicaSet scale-down with replicas at home (several per own node) and two on
+    the virtual node at $1 and $3 an hour. Without the agent's pod-deletion-cost the
+    ReplicaSet controller removes a home replica first (it ranks pods "doubled up" on a node
+    first, and the home nodes hold more replicas each than the virtual node)."""
+    api = kube_b
+    namespace = f"scale-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(raw)
+    await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    agent = _flip_agent(
+        story_agents,
+        components,
+        [
+            _offer("cheap", gpus=2, price=1.0, capacity=1),
+            _offer("dear", gpus=2, price=3.0, capacity=1),
+        ],
+        close_after=3600,
+    )
+    node = agent.node
+    path = w.deployments_path(namespace)
+    try:
+        await _node_ready(api, node, agent)
+        home = await asyncio.to_thread(_free_home_slots, components, 2)
+        assert home >= 2 * len(components.nodes), f"only {home} home slots left"
+        deployment = w.gpu_deployment(
+            "infer", namespace=namespace, replicas=home + 2, gpus=2, command=[PY, "-c", LOOP]
+        )
+        await asyncio.to_thread(_create, components, path, deployment)
+
+        async def placed() -> list[dict[str, Any]] | None:
+            pods = await _inference(api, namespace)
+            ready = [p for p in pods if _ready(p)]
+            rented = [p for p in ready if p["spec"].get("nodeName") == node]
+            return pods if len(ready) == home + 2 and len(rented) == 2 else None
+
+        pods = await wait_for(placed, timeout=180, interval=0.5, what="home full, two rented")
+        rented = {
+            p["metadata"]["annotations"]["vk-provider.io/price-per-hour"]: p
+            for p in pods
+            if p["spec"]["nodeName"] == node
+        }
+        assert sorted(rented) == ["1.0000", "3.0000"], sorted(rented)
+        for price, pod in rented.items():
+            cost = pod["metadata"]["annotations"]["controller.kubernetes.io/pod-deletion-cost"]
+            assert int(cost) == deletion_cost(float(price))
+        at_home = {p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] != node}
+
+        async def alive() -> set[str]:
+            return {
+                p["metadata"]["name"]
+                for p in await _inference(api, namespace)
+                if not p["metadata"].get("deletionTimestamp")
+            }
+
+        await asyncio.to_thread(
+            components.api.patch, f"{path}/infer", {"spec": {"replicas": home + 1}}
+        )
+
+        async def one_fewer() -> set[str] | None:
+            names = await alive()
+            return names if len(names) == home + 1 else None
+
+        left = await wait_for(one_fewer, timeout=60, interval=0.2, what="one replica removed")
+        assert rented["3.0000"]["metadata"]["name"] not in left, "the dearest went first"
+        assert at_home <= left, f"a home replica went: {at_home - left}"
+
+        await asyncio.to_thread(components.api.patch, f"{path}/infer", {"spec": {"replicas": home}})
+
+        async def home_only() -> set[str] | None:
+            names = await alive()
+            return names if len(names) == home else None
+
+        assert await wait_for(home_only, timeout=60, interval=0.2, what="rented gone") == at_home
+    finally:
+        await asyncio.to_thread(components.api.delete, f"/api/v1/namespaces/{namespace}")
+
+        async def emptied() -> bool:
+            return not await _inference(api, namespace)
+
+        await wait_for(emptied, timeout=120, what=f"the pods of {namespace} gone")

@@ -103,7 +103,12 @@ async def test_offers_on_the_demo_clouds_are_grouped_by_gpu(agents: AgentHarness
 
 
 async def test_place_names_the_offer_the_agent_then_chooses_and_each_refusal(
-    agents: AgentHarness, api: KubeClient, kube: ApiClient, namespace: str, tmp_path: Path
+    agents: AgentHarness,
+    api: KubeClient,
+    kube: ApiClient,
+    kubeconfig: Path,
+    namespace: str,
+    tmp_path: Path,
 ) -> None:
     agent, base = await started(agents)
     # Refused everywhere: each offer by the filter that says why.
@@ -147,7 +152,7 @@ async def test_place_names_the_offer_the_agent_then_chooses_and_each_refusal(
     assert pod["metadata"]["annotations"]["vk-provider.io/offer"] == chosen
 
     # The existing pod, read through the API with the caller's kubeconfig.
-    again = cli(base, "place", f"{namespace}/infer", "--kubeconfig", str(agent.kubeconfig))
+    again = cli(base, "place", f"{namespace}/infer", "--kubeconfig", str(kubeconfig))
     assert again.stdout.startswith(f"pod {namespace}/infer ")
     assert "sim-runpod/a100-80gb/eu-ro-1" in again.stdout
 

@@ -148,7 +148,13 @@ async def test_opens_when_full_then_closes_when_free_with_events_and_condition(
         assert (await condition(api, node))["status"] == "False"
         signal.reading = FULL
         await until_effect(api, node, "PreferNoSchedule")
-        opened = await condition(api, node)
+
+        async def condition_open() -> dict[str, Any] | None:
+            found = await condition(api, node)
+            return found if found.get("status") == "True" else None
+
+        # The taint (spec) and the condition (status) are two writes: the condition follows.
+        opened = await wait_for(condition_open, timeout=20, what="the Overflow condition True")
         assert (opened["status"], opened["reason"]) == ("True", "OwnGPUsFull")
         assert "32 of 32 requested" in opened["message"]
         view = flip.view()

@@ -1,8 +1,8 @@
 """deploy/rbac.yaml is derived from the agent's calls: the API server's audit log of a full run
 (node registration and status, Leases, a pod with Secret and ConfigMap values, Events and a
-repeated one, logs through the kubelet API, a REST call checked by TokenReview, deletion)
-lists every call the agent made, and the shipped role allows each of them and grants nothing
-that none of them used.
+repeated one from a failing readiness probe, logs through the kubelet API, a REST call
+checked by TokenReview, deletion) lists every call the agent made, and the shipped role
+allows each of them and grants nothing that none of them used.
 """
 
 from __future__ import annotations
@@ -166,9 +166,20 @@ async def test_the_shipped_role_is_exactly_the_calls_of_a_full_run(
             container={"env": env},
         ),
     )
-    # Exits at once and is restarted: BackOff again and again, a repeated Event (a patch).
-    crasher = [sys.executable, "-c", "raise SystemExit(1)"]
-    await core.create_namespaced_pod(namespace, pod_on(agent.node, "crasher", command=crasher))
+    # A readiness probe that fails every second with the same message: the same Unhealthy
+    # Event again and again, which the recorder writes once and then counts (a patch).
+    failing = {
+        "exec": {"command": [sys.executable, "-c", "raise SystemExit(3)"]},
+        "periodSeconds": 1,
+        "failureThreshold": 1,
+    }
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    await core.create_namespaced_pod(
+        namespace,
+        pod_on(
+            agent.node, "crasher", command=sleeper, gpus=0, container={"readinessProbe": failing}
+        ),
+    )
 
     async def talked() -> bool:
         pod = await api.get_pod(namespace, "talker")
@@ -184,7 +195,7 @@ async def test_the_shipped_role_is_exactly_the_calls_of_a_full_run(
         )
         return any((e.count or 0) > 1 for e in events.items)
 
-    await wait_for(repeated, timeout=90, what="a repeated Event about the crashing pod")
+    await wait_for(repeated, timeout=120, what="a repeated Event about the unready pod")
     token = _kubectl(
         control_plane,
         "create",

@@ -83,7 +83,12 @@ async def _agent(agents: AgentHarness, api: KubeClient, *providers: dict[str, An
 
 
 async def test_a_whole_pod_runs_on_local_and_is_routed_away_from_a_single_container_provider(
-    api: KubeClient, kube: ApiClient, namespace: str, agents: AgentHarness, tmp_path: Path
+    api: KubeClient,
+    kube: ApiClient,
+    kubeconfig: Path,
+    namespace: str,
+    agents: AgentHarness,
+    tmp_path: Path,
 ) -> None:
     agent = await _agent(agents, api, CHEAP_SINGLE, LOCAL)
     core = client.CoreV1Api(kube)
@@ -129,11 +134,12 @@ async def test_a_whole_pod_runs_on_local_and_is_routed_away_from_a_single_contai
     assert selected and "skipped provider(s) mem" in selected[0].message
 
     # The app read what the init container wrote: it ran first.
-    logs = _kubectl(agent.kubeconfig, "logs", "-n", namespace, "infer", "-c", "main")
+    # As a user would (the agent's own role may not read logs through the API server).
+    logs = _kubectl(kubeconfig, "logs", "-n", namespace, "infer", "-c", "main")
     assert logs.returncode == 0, logs.stderr
     assert logs.stdout.splitlines()[0] == "weights ready"
     listed = _kubectl(
-        agent.kubeconfig,
+        kubeconfig,
         "get",
         "pods",
         "-n",

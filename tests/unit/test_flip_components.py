@@ -100,7 +100,12 @@ def test_cluster_up_options_without_any_flag_keep_the_saved_ones() -> None:
 
 def test_versions_are_exact_and_each_has_its_own_cache_directory() -> None:
     keys = {program.cache_key for program in tools.GO_PROGRAMS}
-    assert keys == {"kwok-v0.8.0", "descheduler-v0.36.0", "kube-state-metrics-v2.20.0"}
+    assert keys == {
+        "kwok-v0.8.0",
+        "descheduler-v0.36.0",
+        "kube-state-metrics-v2.20.0",
+        "kueue-v0.19.2",
+    }
     for program in tools.GO_PROGRAMS:
         assert program.version.startswith("v")
         assert "latest" not in program.version

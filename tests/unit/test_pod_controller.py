@@ -18,7 +18,13 @@ from vk_provider.domain.budget import BudgetCaps
 from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.errors import CapacityUnavailable, Transient
 from vk_provider.domain.models import InstanceState, Offer, WorkloadSpec
-from vk_provider.domain.podview import ANN_INSTANCE, ANN_OFFER, ANN_PROVIDER
+from vk_provider.domain.podview import (
+    ANN_DELETION_COST,
+    ANN_INSTANCE,
+    ANN_OFFER,
+    ANN_PROVIDER,
+    deletion_cost,
+)
 
 pytestmark = [pytest.mark.looptime, pytest.mark.usefixtures("no_leftover_tasks")]
 
@@ -391,3 +397,24 @@ async def test_deletions_due_in_an_api_outage_finish_soon_after_it_though_the_ap
     # The watch re-lists within 1 s; each delete is refused once, then retried after a fresh
     # back-off of 1 s (retry_backoff_seconds), not after the 10 s the outage ran up.
     assert loop.time() - back <= 3.0
+
+
+def test_rented_replicas_cost_less_to_delete_than_home_ones_the_dearest_least() -> None:
+    costs = [deletion_cost(p) for p in (0.0, 0.2, 1.5, 2.99, 40.0, 1e9)]
+    assert all(c < -999_999 for c in costs)  # below a home replica's 0, and hand-set costs
+    assert costs == sorted(costs, reverse=True)  # dearer: lower
+    assert len(set(costs)) == len(costs)
+    assert min(costs) >= -(2**31)  # the annotation is an int32
+
+
+async def test_a_placed_pod_carries_its_deletion_cost() -> None:
+    cheap = memory_provider("cheap", gpu_offer(price=1.0, capacity=1))
+    dear = memory_provider("dear", gpu_offer(price=3.0))
+    core = Core(cheap, dear)
+    async with core.running():
+        for name in ("first", "second"):
+            await core.kube.create_pod(pod_manifest(name))
+            await core.until(lambda n=name: core.phase(n) == "Running", what=f"{name} Running")
+    first = int(core.annotation("first", ANN_DELETION_COST) or 0)
+    second = int(core.annotation("second", ANN_DELETION_COST) or 0)
+    assert first == deletion_cost(1.0) and second == deletion_cost(3.0) and second < first

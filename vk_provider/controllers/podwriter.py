@@ -3,7 +3,8 @@
 One small class so every write keeps the pod store current with what the API answered
 (the next sync reads our own write, not an older watch event) and a status that would not
 change anything is not written at all. Where a pod runs (``place``: the annotations, the
-provider label, why) is staged and goes out with the status written next, in the same
+provider label, why, the pod-deletion-cost that makes scale-in remove rented replicas first)
+is staged and goes out with the status written next, in the same
 request to ``/status`` — placing a pod costs one write.
 
 Invariants: status goes through ``/status`` only when it changes or a placement is staged;
@@ -24,6 +25,7 @@ from vk_provider.domain import explain
 from vk_provider.domain.models import Instance
 from vk_provider.domain.podstatus import ContainerView, PodContainers, pod_status, status_changed
 from vk_provider.domain.podview import (
+    ANN_DELETION_COST,
     ANN_INSTANCE,
     ANN_OFFER,
     ANN_PLACEMENT,
@@ -31,6 +33,7 @@ from vk_provider.domain.podview import (
     ANN_PROVIDER,
     LABEL_PROVIDER,
     PodView,
+    deletion_cost,
 )
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
@@ -134,6 +137,8 @@ class PodWriter:
             ANN_INSTANCE: instance.instance_id,
             ANN_OFFER: offer_key,
             ANN_PRICE: f"{price:.4f}",
+            # Scale-in removes rented replicas first, the dearest first.
+            ANN_DELETION_COST: str(deletion_cost(price)),
         }
         if explanation:
             annotations[ANN_PLACEMENT] = explanation

@@ -39,6 +39,12 @@ ANN_PRICE = ANNOTATION_PREFIX + "price-per-hour"
 ANN_PLACEMENT = ANNOTATION_PREFIX + "placement"  # why it runs there (ProviderSelected, kept)
 # The provider as a label too, so `kubectl get pods -l vk-provider.io/provider=x` works.
 LABEL_PROVIDER = ANN_PROVIDER
+# The ReplicaSet controller removes the pods of lowest cost first when scaling in: rented
+# replicas are below every home replica's (absent: 0), the dearest lowest
+# (``deletion_cost``).
+ANN_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+DELETION_COST_BELOW = 1_000_000
+"""How far below 0 a rented replica's cost starts: below any cost people set by hand."""
 # Annotations the user writes (docs/reference.md#written-by-the-user).
 ANN_GPU = ANNOTATION_PREFIX + "gpu"
 ANN_MIN_GPU_MEMORY = ANNOTATION_PREFIX + "min-gpu-memory"
@@ -364,3 +370,11 @@ class PodPlacement:
             phase=pod.phase,
             since=pod.start_time,
         )
+
+
+def deletion_cost(price_per_hour: float) -> int:
+    """The pod-deletion-cost of a replica rented at ``price_per_hour``: negative, below
+    ``-DELETION_COST_BELOW``, one step per tenth of a cent an hour, so a dearer replica is
+    removed first; within the annotation's int32 range."""
+    steps = round(min(max(price_per_hour, 0.0), 1e6) * 1000)
+    return -(DELETION_COST_BELOW + steps)

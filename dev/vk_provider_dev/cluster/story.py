@@ -341,10 +341,8 @@ def run_story(
             prometheus_url=parts.prometheus.url,
         )
         config_path.write_text(yaml.safe_dump(config))
-        log_path = agent_log_path(name)
-        say(f"  starting the agent (log: {log_path})")
-        agent = start_agent(config_path, kubeconfig, state_dir, log_path)
-        _wait_node_ready(parts, agent, log_path)
+        # Inference first, at home, so the flip's first reading already sees pods (requests
+        # read 0 only while kube-state-metrics exports some pod: docs/overflow.md#the-signal).
         api = parts.api
         api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}, exist_ok=True)
         api.create(w.PRIORITY_CLASSES, w.priority_class(INFERENCE, 100), exist_ok=True)
@@ -354,6 +352,10 @@ def run_story(
             w.pdbs_path(NAMESPACE),
             w.pod_disruption_budget("infer", namespace=NAMESPACE, app="infer"),
         )
+        log_path = agent_log_path(name)
+        say(f"  starting the agent (log: {log_path})")
+        agent = start_agent(config_path, kubeconfig, state_dir, log_path)
+        _wait_node_ready(parts, agent, log_path)
         parts.start_descheduler(interval=options.descheduling_interval)
         bin_dir = Path(sys.executable).parent
         out.print(f"\n[bold]vk-provider demo[/]: the overflow story on cluster {name!r}")

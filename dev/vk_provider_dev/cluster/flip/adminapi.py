@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Self
 
@@ -107,6 +108,32 @@ class AdminApi:
             raise self._fail("PATCH", path, response)
         patched: JSON = response.json()
         return patched
+
+    def apply(self, path: str, body: Mapping[str, Any], *, field_manager: str) -> JSON:
+        """Server-side apply of ``body`` at ``path`` (the object's own URL), taking over
+        fields another manager set (``force``): objects too large for client-side apply's
+        last-applied annotation (CRDs) go in whole."""
+        response = self._client.patch(
+            path,
+            params={"fieldManager": field_manager, "force": "true"},
+            content=json.dumps(dict(body)),
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )
+        if response.status_code not in (200, 201):
+            raise self._fail("APPLY", path, response)
+        applied: JSON = response.json()
+        return applied
+
+    def wait(self, path: str, done: Callable[[JSON], bool], *, timeout: float, what: str) -> JSON:
+        """The object at ``path`` once ``done`` holds for it; ClusterError after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.get(path)
+            if found is not None and done(found):
+                return found
+            if time.monotonic() > deadline:
+                raise ClusterError(f"not within {timeout:.0f}s: {what}")
+            time.sleep(0.2)
 
     def delete(self, path: str, *, grace_seconds: int | None = None) -> bool:
         """DELETE ``path``; False when it was already gone."""

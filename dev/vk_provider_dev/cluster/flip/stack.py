@@ -34,6 +34,7 @@ from vk_provider_dev.cluster.flip.descheduler import (
     start_descheduler,
 )
 from vk_provider_dev.cluster.flip.ksm import KubeStateMetrics, start_kube_state_metrics
+from vk_provider_dev.cluster.flip.kueue import Kueue, start_kueue
 from vk_provider_dev.cluster.flip.kwok import Kwok, start_kwok
 from vk_provider_dev.cluster.flip.prometheus import DEFAULT_INTERVAL, Prometheus, start_prometheus
 from vk_provider_dev.cluster.flip.tools import FlipTools, ensure_flip_tools
@@ -52,6 +53,7 @@ class FlipComponents:
     prometheus: Prometheus
     nodes: list[str]
     descheduler: Descheduler | None = None
+    kueue: Kueue | None = None
     _interval: str = DEFAULT_INTERVAL
     _cycles: int = field(default=0, init=False, repr=False)
 
@@ -93,6 +95,19 @@ class FlipComponents:
         )
         return self.descheduler
 
+    def start_kueue(self) -> Kueue:
+        """Kueue with its CRDs and webhooks (one at a time); stopped by ``stop``."""
+        if self.kueue is not None and self.kueue.running:
+            return self.kueue
+        self.kueue = start_kueue(
+            self.cluster, self.tools.kueue, directory=self.directory / "kueue", api=self.api
+        )
+        return self.kueue
+
+    def stop_kueue(self) -> None:
+        if self.kueue is not None:
+            self.kueue.stop()
+
     def stop_prometheus(self) -> None:
         """An outage of the signal: Prometheus stops (``start_prometheus`` brings it back)."""
         self.prometheus.stop()
@@ -118,6 +133,7 @@ class FlipComponents:
 
     def stop(self, *, delete_nodes: bool = True) -> None:
         """Stop everything started here, newest first; remove the own nodes (idempotent)."""
+        self.stop_kueue()
         self.stop_descheduler()
         self.prometheus.stop()
         self.ksm.stop()

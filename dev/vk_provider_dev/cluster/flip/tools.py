@@ -3,6 +3,8 @@
 - kwok and its stage YAMLs: ``sigs.k8s.io/kwok/cmd/kwok@v0.8.0`` → ``kwok-v0.8.0/``
 - descheduler: ``sigs.k8s.io/descheduler/cmd/descheduler@v0.36.0`` → ``descheduler-v0.36.0/``
 - kube-state-metrics: ``k8s.io/kube-state-metrics/v2@v2.20.0`` → ``kube-state-metrics-v2.20.0/``
+- kueue and its CRDs and webhook manifests: ``sigs.k8s.io/kueue/cmd/kueue@v0.19.2`` →
+  ``kueue-v0.19.2/`` (``crds/*.yaml``, ``webhooks.yaml`` copied from the module's source)
 - prometheus and promtool: Debian's ``prometheus`` package at apt's candidate version →
   ``prometheus-<Debian version>/usr/bin/``
 
@@ -29,6 +31,7 @@ from vk_provider_dev.cluster.binaries import Progress, cache_root
 from vk_provider_dev.cluster.errors import ClusterError
 from vk_provider_dev.cluster.flip import debian
 from vk_provider_dev.cluster.flip.gobuild import GoProgram, build_go_program, module_directory
+from vk_provider_dev.cluster.flip.kueue import KueueFiles
 
 KWOK: Final = GoProgram(
     binary="kwok",
@@ -54,7 +57,16 @@ KUBE_STATE_METRICS: Final = GoProgram(
     version="v2.20.0",
     stamps=(("github.com/prometheus/common/version.Version", "v2.20.0"),),
 )
-GO_PROGRAMS: Final = (KWOK, DESCHEDULER, KUBE_STATE_METRICS)
+KUEUE: Final = GoProgram(
+    binary="kueue",
+    module="sigs.k8s.io/kueue",
+    package="sigs.k8s.io/kueue/cmd/kueue",
+    version="v0.19.2",
+    stamps=(("sigs.k8s.io/kueue/pkg/version.GitVersion", "v0.19.2"),),
+)
+KUEUE_CRDS: Final = "config/components/crd/bases"
+KUEUE_WEBHOOKS: Final = "config/components/webhook/manifests.yaml"
+GO_PROGRAMS: Final = (KWOK, DESCHEDULER, KUBE_STATE_METRICS, KUEUE)
 PROMETHEUS_PACKAGE: Final = "prometheus"
 
 # KWOK has no built-in stages: these upstream files (relative to the module root) are what
@@ -97,6 +109,7 @@ class FlipTools:
     descheduler: Path
     kube_state_metrics: Path
     prometheus: PrometheusBinaries
+    kueue: KueueFiles
 
     def describe(self) -> list[tuple[str, Path]]:
         """(name, path) of each program, for `vk-provider cluster binaries --flip`."""
@@ -105,6 +118,8 @@ class FlipTools:
             ("kwok stages", self.kwok.stages),
             ("descheduler", self.descheduler),
             ("kube-state-metrics", self.kube_state_metrics),
+            ("kueue", self.kueue.binary),
+            ("kueue manifests", self.kueue.crds.parent),
             ("prometheus", self.prometheus.prometheus),
             ("promtool", self.prometheus.promtool),
         ]
@@ -161,6 +176,47 @@ def ensure_kwok(*, progress: Progress = _ignore_progress) -> KwokBinary:
     return kwok
 
 
+def _kueue_in(directory: Path) -> KueueFiles:
+    return KueueFiles(
+        binary=directory / KUEUE.binary,
+        crds=directory / "crds",
+        webhooks=directory / "webhooks.yaml",
+    )
+
+
+def _kueue_complete(kueue: KueueFiles) -> bool:
+    return (
+        _executable(kueue.binary)
+        and kueue.webhooks.is_file()
+        and any(kueue.crds.glob("kueue.x-k8s.io_*.yaml"))
+    )
+
+
+def _copy_kueue_manifests(out: Path) -> None:
+    source = module_directory(KUEUE.module, KUEUE.version, cwd=out)
+    crds = out / "crds"
+    crds.mkdir()
+    found = sorted((source / KUEUE_CRDS).glob("kueue.x-k8s.io_*.yaml"))
+    if not found:
+        raise ClusterError(f"{KUEUE.module}@{KUEUE.version} has no CRDs in {KUEUE_CRDS}")
+    for origin in found:
+        shutil.copyfile(origin, crds / origin.name)
+    webhooks = source / KUEUE_WEBHOOKS
+    if not webhooks.is_file():
+        raise ClusterError(f"{KUEUE.module}@{KUEUE.version} has no {KUEUE_WEBHOOKS}")
+    shutil.copyfile(webhooks, out / "webhooks.yaml")
+
+
+def ensure_kueue(*, progress: Progress = _ignore_progress) -> KueueFiles:
+    directory = program_directory(KUEUE)
+    kueue = _kueue_in(directory)
+    if not _kueue_complete(kueue):
+        if directory.exists():
+            shutil.rmtree(directory)
+        build_go_program(KUEUE, directory, progress=progress, finish=_copy_kueue_manifests)
+    return kueue
+
+
 def ensure_descheduler(*, progress: Progress = _ignore_progress) -> Path:
     return _ensure_single_binary(DESCHEDULER, progress=progress)
 
@@ -190,7 +246,10 @@ def find_flip_tools() -> FlipTools | None:
     """The cached programs when all are there, else None (nothing is fetched)."""
     kwok = _kwok_in(program_directory(KWOK))
     others = [program_directory(p) / p.binary for p in (DESCHEDULER, KUBE_STATE_METRICS)]
-    if not _kwok_complete(kwok) or not all(_executable(p) for p in others):
+    kueue = _kueue_in(program_directory(KUEUE))
+    if not (_kwok_complete(kwok) and _kueue_complete(kueue)) or not all(
+        _executable(p) for p in others
+    ):
         return None
     cached = sorted(cache_root().glob(f"{PROMETHEUS_PACKAGE}-[0-9]*/{debian.MARKER}"))
     if not cached:
@@ -205,6 +264,7 @@ def find_flip_tools() -> FlipTools | None:
             promtool=root / "usr" / "bin" / "promtool",
             version=root.name.removeprefix(f"{PROMETHEUS_PACKAGE}-"),
         ),
+        kueue=kueue,
     )
 
 
@@ -218,4 +278,5 @@ def ensure_flip_tools(*, progress: Progress = _ignore_progress) -> FlipTools:
         descheduler=ensure_descheduler(progress=progress),
         kube_state_metrics=ensure_kube_state_metrics(progress=progress),
         prometheus=prometheus,
+        kueue=ensure_kueue(progress=progress),
     )
