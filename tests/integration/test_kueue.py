@@ -83,11 +83,18 @@ def test_a_queued_job_is_admitted_within_quota_and_one_beyond_waits(
     api.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
     api.create(
         f"{KUEUE_API}/resourceflavors",
-        {"metadata": {"name": flavor}, "spec": {"nodeLabels": {"gpu.pool": "own"}}},
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": flavor},
+            "spec": {"nodeLabels": {"gpu.pool": "own"}},
+        },
     )
     api.create(
         f"{KUEUE_API}/clusterqueues",
         {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
             "metadata": {"name": queue},
             "spec": {
                 "namespaceSelector": {},
@@ -107,7 +114,12 @@ def test_a_queued_job_is_admitted_within_quota_and_one_beyond_waits(
     )
     api.create(
         f"{KUEUE_API}/namespaces/{namespace}/localqueues",
-        {"metadata": {"name": "main", "namespace": namespace}, "spec": {"clusterQueue": queue}},
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "main", "namespace": namespace},
+            "spec": {"clusterQueue": queue},
+        },
     )
     jobs = f"/apis/batch/v1/namespaces/{namespace}/jobs"
     try:

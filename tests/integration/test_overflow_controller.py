@@ -161,6 +161,16 @@ async def test_opens_when_full_then_closes_when_free_with_events_and_condition(
         assert view is not None and view.state is OverflowState.OPEN
         signal.reading = ROOM
         await until_effect(api, node, "NoSchedule")
+        # The taint first, then the metric, the condition and the Event: wait for them.
+        await wait_for(
+            lambda: _true(len(seen.to) == 2), timeout=20, what="the closing transition counted"
+        )
+
+        async def closed_event() -> bool:
+            reasons = [e.reason for e in await node_events(kube, node)]
+            return "OverflowClosed" in reasons
+
+        await wait_for(closed_event, timeout=20, what="the OverflowClosed Event")
     assert seen.to == [OverflowState.OPEN, OverflowState.CLOSED]
     reasons = [e.reason for e in await node_events(kube, node)]
     assert reasons.count("OverflowOpened") == 1 and reasons.count("OverflowClosed") == 1

@@ -214,10 +214,9 @@ class OverflowController:
             self._transitions += 1
             self._since = self._last
             log.info("overflow: %s", transition.message)
+            self._observer.overflow_transition(transition.to)
         await self._write_condition()
         await self._say(node, transition, before.signal_ok)
-        if transition is not None:
-            self._observer.overflow_transition(transition.to)
         view = self.view()
         if view is not None:
             self._observer.overflow_evaluated(view)
