@@ -100,6 +100,14 @@ def _unavailable(error: ApiError) -> bool:
     return error.status == 0 or error.status == 429 or error.status >= 500
 
 
+def _refused_identity(error: ApiError) -> bool:
+    """401/403: an API server that has just started refuses every identity but its admins'
+    until its authorizer has caught up. Retried as soon as the pod watch lists again (the
+    agent's own identity answered: ``api_answers``); the watch lists only after it breaks,
+    so a lasting refusal does not spin."""
+    return error.status in (401, 403)
+
+
 def _wall_clock() -> datetime:
     return datetime.now(UTC)
 
@@ -346,7 +354,7 @@ class PodController:
             except ConflictError:
                 self.queue.add_after(key, 0.2)  # someone wrote the pod meanwhile: re-read
             except (ProviderError, ApiError) as exc:
-                if isinstance(exc, ApiError) and _unavailable(exc):
+                if isinstance(exc, ApiError) and (_unavailable(exc) or _refused_identity(exc)):
                     self._api_failed.add(key)
                 delay = self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
                 log.warning("sync of pod %s/%s: %s; retrying in %.1fs", *key, exc, delay)
