@@ -15,7 +15,8 @@ Invariants:
 - Every create goes through the ``Launcher`` (first launch and relaunch alike): budget
   reservation, failover, offer blocks, ``Retry-After``.
 - Every back-off is the work queue's, per pod key (``add_rate_limited`` / ``forget``). A pod
-  whose sync failed against the API server (unreachable, 429, 5xx) starts its back-off afresh
+  whose sync failed against the API server (unreachable, 429, 5xx, or 401/403 from a
+  restarted API server whose authorizer has not caught up yet) starts its back-off afresh
   when the pod watch lists again (``api_answers``): failures counted during an outage say
   nothing about the API once it is back, and must not leave a deletion waiting the cap.
 - Pods being deleted are synced before the others (the queue's urgent lane).
