@@ -120,6 +120,13 @@ def _unused(grants: list[Grant], calls: list[Call]) -> set[tuple[str, str, str]]
     return {(g.group, g.resource, g.verb) for g in grants if not any(g.allows(c) for c in calls)}
 
 
+def _set_rules(cluster: LocalCluster, role: str, rules: list[dict[str, Any]]) -> None:
+    patched = _kubectl(
+        cluster, "patch", "clusterrole", role, "--type=merge", "-p", json.dumps({"rules": rules})
+    )
+    assert patched.returncode == 0, patched.stderr
+
+
 def _cluster_role(node: str) -> dict[str, Any]:
     return next(d for d in shipped_role.render(node) if d["kind"] == "ClusterRole")
 
@@ -253,16 +260,7 @@ async def test_a_secret_the_role_does_not_cover_waits_naming_the_missing_grant(
     role = f"vk-provider-{agent.node}"
     widened = _cluster_role(agent.node)["rules"]
     confined = [r for r in widened if "secrets" not in r["resources"]]
-    replaced = _kubectl(
-        control_plane,
-        "patch",
-        "clusterrole",
-        role,
-        "--type=merge",
-        "-p",
-        json.dumps({"rules": confined}),
-    )
-    assert replaced.returncode == 0, replaced.stderr
+    _set_rules(control_plane, role, confined)
     env = [{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
     await core.create_namespaced_pod(
@@ -278,16 +276,7 @@ async def test_a_secret_the_role_does_not_cover_waits_naming_the_missing_grant(
     assert state["reason"] == "CreateContainerConfigError", state
     assert f"Secret 's': the agent may not read it in namespace {namespace!r}" in state["message"]
     assert "grant it get on secrets" in state["message"]
-    restored = _kubectl(
-        control_plane,
-        "patch",
-        "clusterrole",
-        role,
-        "--type=merge",
-        "-p",
-        json.dumps({"rules": widened}),
-    )
-    assert restored.returncode == 0, restored.stderr
+    _set_rules(control_plane, role, widened)
 
     async def running() -> bool:
         pod = await api.get_pod(namespace, "p")

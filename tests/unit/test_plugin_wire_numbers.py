@@ -5,6 +5,7 @@ placement or the ledger (a NaN price would pass every budget cap: ``nan > cap`` 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -155,6 +156,38 @@ def test_negative_usage_names_the_field(changes: dict[str, int], field: str) -> 
 # --------------------------------------------------------------------------- through a client
 
 
+def _unary(behaviour: Any, request: Any) -> grpc.RpcMethodHandler[Any, Any]:
+    return grpc.unary_unary_rpc_method_handler(
+        behaviour,
+        request_deserializer=request.FromString,
+        response_serializer=lambda m: m.SerializeToString(),
+    )
+
+
+@contextlib.asynccontextmanager
+async def _plugin(
+    tmp_path: Path, behaviours: dict[str, tuple[Any, Any]], *, name: str
+) -> AsyncIterator[GrpcProvider]:
+    """A plugin server answering ``behaviours`` (method: handler and request type) on a Unix
+    socket, and the agent-side provider that talks to it."""
+    server = grpc.aio.server()
+    handlers = {method: _unary(*pair) for method, pair in behaviours.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(rpc.SERVICE, handlers),))
+    socket = tmp_path / "liar.sock"
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    provider = GrpcProvider(
+        GrpcProviderConfig.model_validate(
+            {"type": "grpc", "name": name, "address": f"unix://{socket}"}
+        )
+    )
+    try:
+        yield provider
+    finally:
+        await provider.close()
+        await server.stop(0)
+
+
 @pytest.fixture
 async def liar(tmp_path: Path) -> AsyncIterator[GrpcProvider]:
     """A plugin that answers a NaN price for its offer and its instance (real gRPC)."""
@@ -168,33 +201,13 @@ async def liar(tmp_path: Path) -> AsyncIterator[GrpcProvider]:
     async def list_ours(_request: pb.ListOursRequest, _context: Any) -> pb.ListOursResponse:
         return pb.ListOursResponse(instances=[_instance(), _instance(attempt=-2)])
 
-    def unary(behaviour: Any, request: Any) -> grpc.RpcMethodHandler[Any, Any]:
-        return grpc.unary_unary_rpc_method_handler(
-            behaviour,
-            request_deserializer=request.FromString,
-            response_serializer=lambda m: m.SerializeToString(),
-        )
-
-    server = grpc.aio.server()
-    handlers = {
-        "Offers": unary(offers, pb.OffersRequest),
-        "Get": unary(get, pb.GetRequest),
-        "ListOurs": unary(list_ours, pb.ListOursRequest),
+    behaviours = {
+        "Offers": (offers, pb.OffersRequest),
+        "Get": (get, pb.GetRequest),
+        "ListOurs": (list_ours, pb.ListOursRequest),
     }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(rpc.SERVICE, handlers),))
-    socket = tmp_path / "liar.sock"
-    server.add_insecure_port(f"unix://{socket}")
-    await server.start()
-    client = GrpcProvider(
-        GrpcProviderConfig.model_validate(
-            {"type": "grpc", "name": "agent-side", "address": f"unix://{socket}"}
-        )
-    )
-    try:
+    async with _plugin(tmp_path, behaviours, name="agent-side") as client:
         yield client
-    finally:
-        await client.close()
-        await server.stop(0)
 
 
 async def test_a_plugin_answering_nonsense_numbers_is_a_provider_error(
@@ -227,31 +240,14 @@ async def test_a_nan_price_for_a_created_instance_is_refused_with_an_event_on_th
     async def list_ours(_request: Any, _context: Any) -> pb.ListOursResponse:
         return pb.ListOursResponse()
 
-    def unary(behaviour: Any, request: Any) -> grpc.RpcMethodHandler[Any, Any]:
-        return grpc.unary_unary_rpc_method_handler(
-            behaviour,
-            request_deserializer=request.FromString,
-            response_serializer=lambda m: m.SerializeToString(),
-        )
-
-    server = grpc.aio.server()
-    handlers = {
-        "Describe": unary(describe, pb.DescribeRequest),
-        "Offers": unary(offers, pb.OffersRequest),
-        "Create": unary(create, pb.CreateRequest),
-        "ListOurs": unary(list_ours, pb.ListOursRequest),
+    behaviours = {
+        "Describe": (describe, pb.DescribeRequest),
+        "Offers": (offers, pb.OffersRequest),
+        "Create": (create, pb.CreateRequest),
+        "ListOurs": (list_ours, pb.ListOursRequest),
     }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(rpc.SERVICE, handlers),))
-    socket = tmp_path / "liar.sock"
-    server.add_insecure_port(f"unix://{socket}")
-    await server.start()
-    provider = GrpcProvider(
-        GrpcProviderConfig.model_validate(
-            {"type": "grpc", "name": "p", "address": f"unix://{socket}"}
-        )
-    )
-    core = Core(provider)
-    try:
+    async with _plugin(tmp_path, behaviours, name="p") as provider:
+        core = Core(provider)
         async with core.running():
             await core.kube.create_pod(pod_manifest("infer", gpus=8))
 
@@ -264,6 +260,3 @@ async def test_a_nan_price_for_a_created_instance_is_refused_with_an_event_on_th
             # Held as "may exist" at the offer's price until a listing shows it absent.
             assert all(math.isfinite(held) for held in core.ledger.holds().values())
             assert core.ledger.total_per_hour() <= GOOD.price_per_hour
-    finally:
-        await provider.close()
-        await server.stop(0)
