@@ -296,6 +296,18 @@ def demo(
     descheduling_interval: str = typer.Option(
         "10s", "--descheduling-interval", help="The descheduler's pace (one pod per cycle)."
     ),
+    no_handover: bool = typer.Option(
+        False,
+        "--no-handover",
+        help="Without the hand-over: the training preempts inference at once (to compare).",
+    ),
+    start_delay: float = typer.Option(
+        20,
+        "--start-delay",
+        min=0,
+        max=600,
+        help="Seconds a simulated cloud takes to start a pod (a rented GPU takes minutes).",
+    ),
 ) -> None:
     """Tell the overflow story on this machine (or, with --short, the short demo), keep the
     cluster up until Ctrl-C, then tear everything down."""
@@ -309,7 +321,10 @@ def demo(
             run_demo(name=name, binaries=binaries, stop=stop, console=console, out=out)
             return
         options = StoryOptions(
-            training_seconds=training_seconds, descheduling_interval=descheduling_interval
+            training_seconds=training_seconds,
+            descheduling_interval=descheduling_interval,
+            handover=not no_handover,
+            start_delay_seconds=start_delay,
         )
         run_story(
             name=name,

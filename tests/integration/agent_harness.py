@@ -193,7 +193,11 @@ class AgentHarness:
         config_path = root / "agent.yaml"
         config_path.write_text(yaml.safe_dump(config))
         if kubeconfig is None:
-            kubeconfig = shipped_role.grant(self._cluster, node_name, root)
+            handover = any(
+                ((overflow or {}).get(part) or {}).get("enabled")
+                for part in ("handover", "move_home")
+            )
+            kubeconfig = shipped_role.grant(self._cluster, node_name, root, handover=handover)
             env = {"POD_NAMESPACE": AUDITED_NAMESPACE, **(env or {})}
             self._granted.add(node_name)
         agent = AgentProcess(

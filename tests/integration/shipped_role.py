@@ -29,17 +29,19 @@ LABEL = "vk-provider.io/test-node"
 _KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
 
 
-def shipped_documents() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()) if d]
+def shipped_documents(*, handover: bool = False) -> list[dict[str, Any]]:
+    """deploy/rbac.yaml, and deploy/rbac-handover.yaml beside it for a hand-over agent."""
+    files = ["rbac.yaml", "rbac-handover.yaml"] if handover else ["rbac.yaml"]
+    return [d for f in files for d in yaml.safe_load_all((DEPLOY / f).read_text()) if d]
 
 
 def account_for(node: str) -> str:
     return f"agent-{node}"
 
 
-def render(node: str) -> list[dict[str, Any]]:
+def render(node: str, *, handover: bool = False) -> list[dict[str, Any]]:
     """deploy/rbac.yaml's objects bound to its ServiceAccount, rewritten for ``node``."""
-    documents = shipped_documents()
+    documents = shipped_documents(handover=handover)
     bound = {
         (d["roleRef"]["kind"], d["roleRef"]["name"], d["metadata"].get("namespace"))
         for d in documents
@@ -72,11 +74,16 @@ def render(node: str) -> list[dict[str, Any]]:
     return rendered
 
 
-def grant(cluster: LocalCluster, node: str, directory: Path) -> Path:
-    """Apply the rendered role for ``node``; a kubeconfig of its ServiceAccount's token."""
+def grant(cluster: LocalCluster, node: str, directory: Path, *, handover: bool = False) -> Path:
+    """Apply the rendered role for ``node`` (with the hand-over's when ``handover``); a
+    kubeconfig of its ServiceAccount's token."""
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AUDITED_NAMESPACE}}
     applied = _kubectl(
-        cluster, "apply", "-f", "-", stdin=yaml.safe_dump_all([namespace, *render(node)])
+        cluster,
+        "apply",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump_all([namespace, *render(node, handover=handover)]),
     )
     if applied.returncode != 0:
         raise RuntimeError(f"applying the shipped role for {node}: {applied.stderr}")

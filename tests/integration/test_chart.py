@@ -125,6 +125,30 @@ def test_the_service_account_roles_are_deploy_rbac_yaml_s(helm: Path) -> None:
         assert ours[(kind, chart_name)]["rules"] == raw[(kind, raw_name)]["rules"], chart_name
 
 
+def test_the_hand_over_role_is_rendered_only_with_the_hand_over_and_is_deploy_s(
+    helm: Path, tmp_path: Path
+) -> None:
+    """overflow.handover.enabled adds deploy/rbac-handover.yaml's rights, and only then."""
+    plain = _run([str(helm), "template", "r", str(CHART)])
+    assert plain.returncode == 0, plain.stderr
+    assert "r-vk-provider-handover" not in plain.stdout
+    values = {"config": {"overflow": {"enabled": True, "handover": {"enabled": True}}}}
+    rendered = _run(
+        [str(helm), "template", "r", str(CHART), "-f", str(_values_file(tmp_path, values))]
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    ours = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered.stdout) if d}
+    raw = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in yaml.safe_load_all((CHART.parents[1] / "rbac-handover.yaml").read_text())
+        if d
+    }
+    role = ours[("ClusterRole", "r-vk-provider-handover")]
+    assert role["rules"] == raw[("ClusterRole", "vk-provider-handover")]["rules"]
+    binding = ours[("ClusterRoleBinding", "r-vk-provider-handover")]
+    assert binding["roleRef"]["name"] == "r-vk-provider-handover"
+
+
 def test_the_roles_follow_the_node_name_and_secret_namespaces(helm: Path, tmp_path: Path) -> None:
     """resourceNames name the release's node and Leases; rbac.secretNamespaces moves Secret and
     ConfigMap reads from the ClusterRole into a Role per named namespace."""

@@ -1,8 +1,9 @@
 """`vk-provider demo` tells the overflow story on a fresh machine and leaves nothing behind.
 
-The real command in a child process, with a short training and a fast descheduler so the
-whole story fits in a few minutes; its printed timeline, final state, picture and cleanup
-are checked.
+The real command in a child process, with a short training, a fast descheduler and clouds
+that take 10 s to start a pod, so the whole story fits in a few minutes; its printed
+timeline (Ready inference never below the PDB minimum through the hand-over), final state,
+picture and cleanup are checked.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 PHASES = [
     "inference serves at home",
-    "training arrives (a gang)",
-    "overflow opens",
+    "training arrives, held for the hand-over",
+    "hand-over: inference moves to rented GPUs",
     "inference on rented GPUs",
     "training ends",
     "overflow closes",
@@ -49,6 +50,8 @@ async def test_the_demo_tells_the_story_and_cleans_up(tmp_path: Path) -> None:
             "5",
             "--descheduling-interval",
             "3s",
+            "--start-delay",
+            "10",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -72,16 +75,31 @@ async def test_the_demo_tells_the_story_and_cleans_up(tmp_path: Path) -> None:
         assert "0 cloud instance(s) left" in text
         rows = [ln.split() for ln in seen if re.match(r"^\s*\d+s\s", ln)]
         assert rows, text
-        # The last row: everything home, nothing on the virtual node, overflow closed, $0/h.
+        # Columns from the right: $/h, overflow, own GPUs, held, training, ready, waiting,
+        # virtual, home. The last row: everything home, overflow closed, $0/h.
         last = rows[-1]
-        assert last[-2:] == ["closed", "0.00"] and last[-5] == "0", last
+        assert last[-2:] == ["closed", "0.00"] and last[-8] == "0", last
+        # Make before break: Ready inference never below the PDB minimum (5 of 6), the
+        # training held until the hand-over was done, and the summary says so.
+        assert min(int(r[-6]) for r in rows) >= 5, [r[-6] for r in rows]
+        assert any(int(r[-4]) == 4 for r in rows), "the training was never seen held"
+        assert "inference Ready never below 5 of 6" in text
         # Inference was on the virtual node at the two cheapest clouds while training ran.
-        during = [r for r in rows if "rented" in r]
+        during = [r for r in rows if r[1:4] == ["inference", "on", "rented"]]
         assert during and all(r[-1] == "8.04" for r in during), during
         picture = Path(re.search(r"picture of the run: (\S+)", text).group(1))  # type: ignore[union-attr]
         svg = ET.fromstring(picture.read_text())  # noqa: S314 - our own output
         classes = {e.get("class") for e in svg.iter()}
-        assert {"home", "virtual", "waiting", "own-gpus", "overflow-open"} <= classes
+        assert {
+            "home",
+            "virtual",
+            "waiting",
+            "own-gpus",
+            "overflow-open",
+            "ready",
+            "minimum",
+            "training-held",
+        } <= classes
         proc.send_signal(signal.SIGINT)
         assert await asyncio.to_thread(proc.wait, 120) == 0
     finally:

@@ -27,7 +27,6 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,19 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers
+from tests.integration.flip_helpers import (
+    Watch,
+    an_offer,
+    create_object,
+    flip_agent,
+    inference_pods,
+    is_ready,
+    node_events,
+    node_ready,
+    sample_flip,
+    taint_effect,
+    until_effect,
+)
 from vk_provider.domain.podview import deletion_cost
 from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster.cluster import LocalCluster
@@ -45,7 +57,6 @@ from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_compon
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 PY = sys.executable
-KEY = "virtual-kubelet.io/provider"
 REPLICAS, PDB_MIN = 6, 5
 LOOP = "import time\nprint('serving', flush=True)\nwhile True: time.sleep(0.5)\n"
 
@@ -88,120 +99,6 @@ async def raw(gang_cluster: LocalCluster) -> AsyncIterator[ApiClient]:
         await api.close()
 
 
-@dataclass
-class Watch:
-    """What the samplers saw: the overflow taint's effects, and Ready inference replicas."""
-
-    effects: list[tuple[float, str | None]] = field(default_factory=list)
-    ready: list[tuple[float, int]] = field(default_factory=list)
-    sample_ready: bool = False
-
-    def transitions(self) -> list[str | None]:
-        changes: list[str | None] = []
-        for _, effect in self.effects:
-            if not changes or changes[-1] != effect:
-                changes.append(effect)
-        return changes
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "Ready":
-            return condition.get("status") == "True"
-    return False
-
-
-async def _inference(api: KubeClient, namespace: str) -> list[dict[str, Any]]:
-    pods = await api.list_pods(namespace=namespace, label_selector="app=infer")
-    return [p for p in pods if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
-
-
-async def _sample(api: KubeClient, node: str, namespace: str, watch: Watch) -> None:
-    while True:
-        with contextlib.suppress(Exception):
-            found = await api.get_node(node)
-            taints = ((found or {}).get("spec") or {}).get("taints") or []
-            effects = [t.get("effect") for t in taints if t.get("key") == KEY]
-            watch.effects.append((time.monotonic(), ",".join(sorted(effects)) or None))
-            if watch.sample_ready:
-                ready = sum(1 for p in await _inference(api, namespace) if _ready(p))
-                watch.ready.append((time.monotonic(), ready))
-        await asyncio.sleep(0.25)
-
-
-async def _node_events(raw: ApiClient, node: str) -> list[Any]:
-    events = await client.CoreV1Api(raw).list_namespaced_event("default")
-    return [e for e in events.items if e.involved_object.name == node]
-
-
-async def _effect(api: KubeClient, node: str) -> str | None:
-    found = await api.get_node(node)
-    taints = ((found or {}).get("spec") or {}).get("taints") or []
-    effects = [t["effect"] for t in taints if t.get("key") == KEY]
-    return effects[0] if len(effects) == 1 else None
-
-
-async def _until_effect(api: KubeClient, node: str, effect: str, *, within: float) -> float:
-    async def reached() -> bool:
-        return await _effect(api, node) == effect
-
-    await wait_for(reached, timeout=within, interval=0.2, what=f"overflow taint {effect}")
-    return time.monotonic()
-
-
-def _offer(sku: str, *, gpus: int, price: float, capacity: int) -> dict[str, Any]:
-    return {
-        "sku": sku,
-        "gpu_model": "A100-80GB",
-        "gpu_count": gpus,
-        "gpu_memory_gib": 80,
-        "vcpus": 8,
-        "memory_gib": 64,
-        "price_per_hour": price,
-        "capacity": capacity,
-    }
-
-
-def _flip_agent(
-    agents: AgentHarness,
-    components: FlipComponents,
-    offers: list[dict[str, Any]],
-    *,
-    close_after: float,
-) -> AgentProcess:
-    """The agent on one ``local`` provider with the flip on, reading the components'
-    Prometheus every second, opening after 3 s of full own GPUs."""
-    return agents.start(
-        providers=[{"name": "cloud", "offers": offers}],
-        overflow={
-            "enabled": True,
-            "prometheus": {"url": components.prometheus.url, "timeout_seconds": 2},
-            "interval_seconds": 1,
-            "open_after_seconds": 3,
-            "close_after_seconds": close_after,
-        },
-    )
-
-
-def _create(components: FlipComponents, path: str, body: dict[str, Any]) -> None:
-    components.api.create(path, body)
-
-
-async def _node_ready(api: KubeClient, node: str, agent: AgentProcess) -> None:
-    async def ready() -> bool:
-        if agent.process is not None and agent.process.poll() is not None:
-            pytest.fail(f"agent exited:\n{agent.log_text()[-3000:]}")
-        found = await api.get_node(node)
-        for condition in ((found or {}).get("status") or {}).get("conditions") or []:
-            if condition.get("type") == "Ready":
-                return bool(condition.get("status") == "True")
-        return False
-
-    await wait_for(ready, timeout=90, what=f"node {node} Ready")
-
-
 async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly(
     components: FlipComponents,
     story_agents: AgentHarness,
@@ -216,19 +113,19 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
         client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
     )
     await asyncio.to_thread(
-        _create, components, w.PRIORITY_CLASSES, w.priority_class(inference_class, 100)
+        create_object, components, w.PRIORITY_CLASSES, w.priority_class(inference_class, 100)
     )
     await asyncio.to_thread(
-        _create, components, w.PRIORITY_CLASSES, w.priority_class(training_class, 1000)
+        create_object, components, w.PRIORITY_CLASSES, w.priority_class(training_class, 1000)
     )
 
-    agent = _flip_agent(
-        story_agents, components, [_offer("a100", gpus=1, price=1.2, capacity=8)], close_after=5
+    agent = flip_agent(
+        story_agents, components, [an_offer("a100", gpus=1, price=1.2, capacity=8)], close_after=5
     )
     node = agent.node
-    await _node_ready(api, node, agent)
+    await node_ready(api, node, agent)
     watch = Watch()
-    sampler = asyncio.create_task(_sample(api, node, namespace, watch))
+    sampler = asyncio.create_task(sample_flip(api, node, namespace, watch))
     try:
         # 1. Inference serves from the own nodes.
         deployment = w.gpu_deployment(
@@ -239,28 +136,30 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
             priority_class_name=inference_class,
             command=[PY, "-c", LOOP],
         )
-        await asyncio.to_thread(_create, components, w.deployments_path(namespace), deployment)
+        await asyncio.to_thread(
+            create_object, components, w.deployments_path(namespace), deployment
+        )
         pdb = w.pod_disruption_budget("infer", namespace=namespace, app="infer", max_unavailable=1)
-        await asyncio.to_thread(_create, components, w.pdbs_path(namespace), pdb)
+        await asyncio.to_thread(create_object, components, w.pdbs_path(namespace), pdb)
 
         async def serving_at_home() -> bool:
-            pods = await _inference(api, namespace)
+            pods = await inference_pods(api, namespace)
             return len(pods) == REPLICAS and all(
-                _ready(p) and p["spec"].get("nodeName") in components.nodes for p in pods
+                is_ready(p) and p["spec"].get("nodeName") in components.nodes for p in pods
             )
 
         await wait_for(serving_at_home, timeout=90, interval=0.5, what="inference at home")
-        assert await _effect(api, node) == "NoSchedule"
+        assert await taint_effect(api, node) == "NoSchedule"
 
         # 2. Training arrives as one gang at high priority and takes every own GPU.
         group = w.pod_group(
             "train", namespace=namespace, min_count=4, priority_class_name=training_class
         )
-        await asyncio.to_thread(_create, components, w.pod_groups_path(namespace), group)
+        await asyncio.to_thread(create_object, components, w.pod_groups_path(namespace), group)
         for pod in w.gang_pods(
             "train", namespace=namespace, count=4, gpus=8, priority_class_name=training_class
         ):
-            await asyncio.to_thread(_create, components, w.pods_path(namespace), pod)
+            await asyncio.to_thread(create_object, components, w.pods_path(namespace), pod)
 
         async def gang_bound() -> list[dict[str, Any]] | None:
             pods = await api.list_pods(namespace=namespace, label_selector="gang=train")
@@ -284,32 +183,32 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
         )
         assert seconds[-1] - seconds[0] <= 2, bind_times
 
-        opened = await _until_effect(api, node, "PreferNoSchedule", within=30)
+        opened = await until_effect(api, node, "PreferNoSchedule", within=30)
         assert opened - admitted <= 15, f"overflow opened {opened - admitted:.1f}s after admission"
 
         async def overflowed() -> bool:
-            pods = await _inference(api, namespace)
+            pods = await inference_pods(api, namespace)
             return len(pods) == REPLICAS and all(
-                p["spec"].get("nodeName") == node and _ready(p) for p in pods
+                p["spec"].get("nodeName") == node and is_ready(p) for p in pods
             )
 
         await wait_for(overflowed, timeout=45, interval=0.2, what="inference on the virtual node")
         on_virtual = time.monotonic()
         assert on_virtual - admitted <= 30, f"replicas Running {on_virtual - admitted:.1f}s after"
-        overflowed_pods = {p["metadata"]["name"] for p in await _inference(api, namespace)}
+        overflowed_pods = {p["metadata"]["name"] for p in await inference_pods(api, namespace)}
 
         # 3. Kill the agent and start it again; then take Prometheus away: the flip stays open.
         assert agent.process is not None
         agent.process.send_signal(signal.SIGKILL)
         agent.process.wait(timeout=30)
         agent.start()
-        await _node_ready(api, node, agent)
+        await node_ready(api, node, agent)
         await asyncio.sleep(0)
         reads_before = len(watch.effects)
         await wait_for(
             lambda: _async(len(watch.effects) >= reads_before + 20), timeout=60, what="samples"
         )
-        assert await _effect(api, node) == "PreferNoSchedule"
+        assert await taint_effect(api, node) == "PreferNoSchedule"
         assert await overflowed(), "the replicas stayed where they were through the restart"
 
         await asyncio.to_thread(components.stop_prometheus)
@@ -326,7 +225,7 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
         await wait_for(
             lambda: _async(len(watch.effects) >= outage_reads + 20), timeout=60, what="samples"
         )
-        assert await _effect(api, node) == "PreferNoSchedule"  # never flips on missing data
+        assert await taint_effect(api, node) == "PreferNoSchedule"  # never flips on missing data
         await asyncio.to_thread(components.start_prometheus)
         back = time.time()
         # The outage ends with fresh samples of the training pods (a series that vanished
@@ -351,7 +250,7 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
         for pod in training:
             await api.delete_pod_now(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
         try:
-            await _until_effect(api, node, "NoSchedule", within=60)
+            await until_effect(api, node, "NoSchedule", within=60)
         except BaseException:
             _diagnose(agent, components)
             raise
@@ -359,9 +258,9 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
         cycles: list[int] = []
 
         async def home() -> bool:
-            pods = await _inference(api, namespace)
+            pods = await inference_pods(api, namespace)
             return len(pods) == REPLICAS and all(
-                _ready(p) and p["spec"].get("nodeName") in components.nodes for p in pods
+                is_ready(p) and p["spec"].get("nodeName") in components.nodes for p in pods
             )
 
         deadline = time.monotonic() + 300
@@ -390,7 +289,7 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
     assert watch.transitions() == ["NoSchedule", "PreferNoSchedule", "NoSchedule"], (
         watch.transitions()
     )
-    reasons = [e.reason for e in await _node_events(raw, node)]
+    reasons = [e.reason for e in await node_events(raw, node)]
     assert reasons.count("OverflowOpened") == 1 and reasons.count("OverflowClosed") == 1
     assert "OverflowSignalUnavailable" in reasons and "OverflowSignalRestored" in reasons
 
@@ -457,29 +356,29 @@ async def test_scale_in_removes_rented_replicas_first_the_dearest_first(
     namespace = f"scale-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(raw)
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    agent = _flip_agent(
+    agent = flip_agent(
         story_agents,
         components,
         [
-            _offer("cheap", gpus=2, price=1.0, capacity=1),
-            _offer("dear", gpus=2, price=3.0, capacity=1),
+            an_offer("cheap", gpus=2, price=1.0, capacity=1),
+            an_offer("dear", gpus=2, price=3.0, capacity=1),
         ],
         close_after=3600,
     )
     node = agent.node
     path = w.deployments_path(namespace)
     try:
-        await _node_ready(api, node, agent)
+        await node_ready(api, node, agent)
         home = await asyncio.to_thread(_free_home_slots, components, 2)
         assert home >= 2 * len(components.nodes), f"only {home} home slots left"
         deployment = w.gpu_deployment(
             "infer", namespace=namespace, replicas=home + 2, gpus=2, command=[PY, "-c", LOOP]
         )
-        await asyncio.to_thread(_create, components, path, deployment)
+        await asyncio.to_thread(create_object, components, path, deployment)
 
         async def placed() -> list[dict[str, Any]] | None:
-            pods = await _inference(api, namespace)
-            ready = [p for p in pods if _ready(p)]
+            pods = await inference_pods(api, namespace)
+            ready = [p for p in pods if is_ready(p)]
             rented = [p for p in ready if p["spec"].get("nodeName") == node]
             return pods if len(ready) == home + 2 and len(rented) == 2 else None
 
@@ -498,7 +397,7 @@ async def test_scale_in_removes_rented_replicas_first_the_dearest_first(
         async def alive() -> set[str]:
             return {
                 p["metadata"]["name"]
-                for p in await _inference(api, namespace)
+                for p in await inference_pods(api, namespace)
                 if not p["metadata"].get("deletionTimestamp")
             }
 
@@ -525,6 +424,6 @@ async def test_scale_in_removes_rented_replicas_first_the_dearest_first(
         await asyncio.to_thread(components.api.delete, f"/api/v1/namespaces/{namespace}")
 
         async def emptied() -> bool:
-            return not await _inference(api, namespace)
+            return not await inference_pods(api, namespace)
 
         await wait_for(emptied, timeout=120, what=f"the pods of {namespace} gone")

@@ -297,6 +297,33 @@ def test_overflow_table_of_a_disabled_flip_and_a_lost_signal() -> None:
     assert "UNAVAILABLE: query 'x': ConnectError" in render(lost)
 
 
+def test_overflow_table_shows_each_hand_over_with_its_step_and_nodes() -> None:
+    table = overflow_table(
+        {
+            "enabled": True,
+            "state": "open",
+            "signal_ok": True,
+            "needed_free_gpus": 1,
+            "transitions": 1,
+            "held_open_for": "the hand-over of PodGroup ml/train",
+            "handovers": [
+                {
+                    "gang": "PodGroup ml/train",
+                    "step": "evict",
+                    "reason": "moving 2 pod(s) off the claimed nodes",
+                    "nodes": ["gpu-1", "gpu-2"],
+                    "displaced": ["ml/a", "ml/b"],
+                    "for_seconds": 75,
+                }
+            ],
+        }
+    )
+    text = " ".join(render(table).split())
+    assert "held open for the hand-over of PodGroup ml/train" in text
+    assert "hand-over PodGroup ml/train" in text
+    assert "evict: moving 2 pod(s)" in text and "gpu-1, gpu-2" in text
+
+
 @pytest.mark.parametrize("command", ["providers", "pods", "spend", "overflow"])
 async def test_json_output_is_the_apis_json(api_url: str, command: str) -> None:
     result = await run_cli(command, "--url", api_url, "--token", SECRET_TOKEN, "-o", "json")

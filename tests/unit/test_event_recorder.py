@@ -25,11 +25,22 @@ def a_pod() -> dict[str, Any]:
 
 def test_an_event_refers_to_kind_name_namespace_uid_and_version_only() -> None:
     assert involved(a_pod()) == {
+        "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "web", "namespace": "ns", "uid": "u-1", "resourceVersion": "7"},
     }
     node = {"kind": "Node", "metadata": {"name": "vk", "uid": "n-1"}}
-    assert involved(node) == {"kind": "Node", "metadata": {"name": "vk", "uid": "n-1"}}
+    assert involved(node) == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "vk", "uid": "n-1"},
+    }
+    workload = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "job-train", "namespace": "ml", "uid": "w-1"},
+    }
+    assert involved(workload)["apiVersion"] == "kueue.x-k8s.io/v1beta2"
 
 
 async def test_a_queued_event_holds_the_reference_not_the_pod() -> None:

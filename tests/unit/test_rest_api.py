@@ -44,6 +44,7 @@ from vk_provider.controllers.preview import PlacementPreview
 from vk_provider.domain.breaker import BreakerState, CircuitBreaker
 from vk_provider.domain.budget import BudgetCaps, BudgetLedger
 from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
+from vk_provider.domain.handoverstep import HandoverView
 from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
 from vk_provider.domain.overflow import OverflowState, Reading
 from vk_provider.domain.podview import PodPlacement
@@ -1001,6 +1002,19 @@ OPEN_FLIP = OverflowView(
         "effect": "PreferNoSchedule",
     },
     transitions=1,
+    held_open_for="the hand-over of PodGroup ml/train",
+    handovers=(
+        HandoverView(
+            gang="PodGroup ml/train",
+            gpus=32,
+            members=4,
+            step="evict",
+            reason="moving 2 pod(s) off the claimed nodes",
+            nodes=("gpu-1", "gpu-2"),
+            displaced=("ml/infer-a", "ml/infer-b"),
+            for_seconds=12.34,
+        ),
+    ),
 )
 
 
@@ -1027,6 +1041,19 @@ async def test_overflow_says_open_since_when_and_the_numbers(
             "effect": "PreferNoSchedule",
         },
         "transitions": 1,
+        "held_open_for": "the hand-over of PodGroup ml/train",
+        "handovers": [
+            {
+                "gang": "PodGroup ml/train",
+                "gpus": 32,
+                "members": 4,
+                "step": "evict",
+                "reason": "moving 2 pod(s) off the claimed nodes",
+                "nodes": ["gpu-1", "gpu-2"],
+                "displaced": ["ml/infer-a", "ml/infer-b"],
+                "for_seconds": 12.3,
+            }
+        ],
     }
     exposition = (await client.get("/metrics")).text
     assert sample(exposition, "vk_provider_overflow_open") == 1

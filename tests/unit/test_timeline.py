@@ -6,6 +6,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
+from vk_provider_dev.cluster.svgtext import Box
 from vk_provider_dev.cluster.timeline import (
     HEADER,
     Sample,
@@ -74,7 +75,9 @@ def test_each_inference_pod_is_counted_once_where_it_runs() -> None:
         training=training,
     )
     assert (sample.home, sample.virtual, sample.waiting) == (1, 1, 3)
+    assert sample.ready == 4  # a, c, d, e say Ready; b does not, f is leaving, g is done
     assert sample.training == 1
+    assert sample.held == 1
     assert sample.own_gpus_used == 1 + 1 + 8  # a, b and t0 hold own GPUs
     assert sample.per_hour == 1.29
     assert sample.overflow == "open"
@@ -88,9 +91,22 @@ def test_overflow_state_from_the_taint() -> None:
 
 
 def test_a_row_lines_up_with_the_header() -> None:
-    sample = Sample(12.0, "overflow opens", 0, 6, 0, 4, 32, 32, "open", 8.04)
+    sample = Sample(12.0, "overflow opens", 0, 6, 0, 4, 32, 32, "open", 8.04, ready=6, held=0)
     row = line(sample)
-    assert row.split() == ["12s", "overflow", "opens", "0", "6", "0", "4", "32/32", "open", "8.04"]
+    assert row.split() == [
+        "12s",
+        "overflow",
+        "opens",
+        "0",
+        "6",
+        "0",
+        "6",
+        "4",
+        "0",
+        "32/32",
+        "open",
+        "8.04",
+    ]
     assert len(row) <= len(HEADER) + 2
 
 
@@ -112,15 +128,72 @@ def test_the_picture_is_a_standalone_svg_of_the_run() -> None:
     polygons = {p.get("class"): p for p in root.findall("s:polygon", ns)}
     assert set(polygons) == {"home", "virtual", "waiting"}
     assert len(polygons["home"].get("points", "").split()) == 2 * len(story())
-    (gpus,) = root.findall("s:polyline", ns)
+    (gpus,) = [p for p in root.findall("s:polyline", ns) if p.get("class") == "own-gpus"]
     assert len(gpus.get("points", "").split()) == len(story())
     # The overflow was open from t=20 to t=50: one shaded band, 30/60 of the width.
     (band,) = [r for r in root.findall("s:rect", ns) if r.get("class") == "overflow-open"]
     width = float(band.get("width", "0"))
     assert abs(width - (960 - 70 - 30) * 30 / 60) < 1
-    phases = [t.text for t in root.findall("s:text", ns) if t.text in {s.phase for s in story()}]
+    phases = [t.text for t in root.findall("s:text", ns) if t.get("class") == "phase-name"]
     assert phases == [s.phase for s in story()]
     assert "the story &lt;&amp;&gt;" in svg
+
+
+def _boxes(svg: str) -> list[tuple[str, Box]]:
+    root = ET.fromstring(svg)  # noqa: S314 - our own output
+    boxes = []
+    for element in root.iter("{http://www.w3.org/2000/svg}text"):
+        text = element.text or ""
+        size = float(element.get("font-size", "12"))
+        # 10 % wider than the layout's estimate: a browser's sans-serif may run wider.
+        box = Box.of_text(
+            text,
+            x=float(element.get("x", "0")),
+            y=float(element.get("y", "0")),
+            size=size * 1.1,
+            anchor=element.get("text-anchor", "start"),
+        )
+        boxes.append((text, box))
+    return boxes
+
+
+def test_no_two_labels_of_the_picture_overlap() -> None:
+    """The legend, the axes' labels and the phase names (several close together, as in a
+    real run where phases follow each other within seconds) never collide, and all stay
+    inside the picture."""
+    samples = [
+        Sample(0, "inference serves at home", 6, 0, 0, 0, 6, 32, "closed", 0, ready=6),
+        Sample(2, "training arrives (a gang)", 6, 0, 0, 0, 6, 32, "closed", 0, 6, 4),
+        Sample(3, "hand-over: inference moves", 5, 0, 1, 0, 5, 32, "open", 0, 5, 4),
+        Sample(60, "training runs", 0, 6, 0, 4, 32, 32, "open", 8.0, 6),
+        Sample(61, "overflow opens", 0, 6, 0, 4, 32, 32, "open", 8.0, 6),
+        Sample(150, "training ends", 0, 6, 0, 0, 0, 32, "open", 8.0, 6),
+        Sample(152, "overflow closes", 0, 6, 0, 0, 0, 32, "closed", 8.0, 6),
+        Sample(153, "inference moves home", 3, 3, 0, 0, 3, 32, "closed", 4.0, 6),
+        Sample(200, "done", 6, 0, 0, 0, 6, 32, "closed", 0, 6),
+    ]
+    svg = render_svg(samples, title="vk-provider: the story", replicas=6, minimum=5)
+    root = ET.fromstring(svg)  # noqa: S314 - our own output
+    width, height = float(root.get("width", "0")), float(root.get("height", "0"))
+    boxes = _boxes(svg)
+    assert len(boxes) >= 20
+    for index, (text, box) in enumerate(boxes):
+        assert box.x0 >= 0 and box.x1 <= width and box.y1 <= height, text
+        for other, other_box in boxes[index + 1 :]:
+            assert not box.overlaps(other_box), f"{text!r} overlaps {other!r}"
+
+
+def test_the_overlap_check_sees_a_collision() -> None:
+    a = Box.of_text("own GPUs in use", x=800, y=50, size=12)
+    b = Box.of_text("shaded: overflow open", x=930, y=50, size=12, anchor="end")
+    assert a.overlaps(b)  # the old legend's last two items
+    assert not a.overlaps(Box.of_text("x", x=800, y=80, size=12))
+
+
+def test_the_ready_line_and_the_minimum_are_drawn() -> None:
+    root = ET.fromstring(render_svg(story(), title="t", replicas=6, minimum=5))  # noqa: S314
+    classes = {e.get("class") for e in root.iter() if e.get("class")}
+    assert {"ready", "minimum", "own-gpus"} <= classes
 
 
 def test_an_empty_run_still_draws() -> None:

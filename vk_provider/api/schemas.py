@@ -332,6 +332,22 @@ class OverflowTaintOut(ApiModel):
     effect: str = Field(description="NoSchedule while closed, PreferNoSchedule while open.")
 
 
+class HandoverOut(ApiModel):
+    model_config = ConfigDict(frozen=True)
+
+    gang: str = Field(description='The held training: "PodGroup ns/name", "Workload ns/name".')
+    gpus: int = Field(description="GPUs its members ask for in all.")
+    members: int = Field(description="Pods that bind together.")
+    step: Literal["hold", "claim", "evict", "wait", "release", "unclaim"] = Field(
+        description="What the hand-over did last: hold (cannot be done now, says why), claim "
+        "(own nodes reserved), evict, wait (evicted pods leaving), release."
+    )
+    reason: str = Field(description="The plan and its numbers, or what is missing.")
+    nodes: list[str] = Field(description="Own nodes the training takes.")
+    displaced: list[str] = Field(description="Pods (namespace/name) moved to make room.")
+    for_seconds: float = Field(description="How long this hand-over has been under way.")
+
+
 class OverflowOut(ApiModel):
     model_config = ConfigDict(
         frozen=True,
@@ -373,6 +389,10 @@ class OverflowOut(ApiModel):
     free_for_seconds: float | None = Field(description="How long enough own GPUs are free.")
     taint: OverflowTaintOut | None = Field(description="The overflow taint as it is now.")
     transitions: int = Field(description="Transitions made since this agent started.")
+    held_open_for: str = Field("", description="The hand-over holding the overflow open, if any.")
+    handovers: list[HandoverOut] = Field(
+        default_factory=list, description="Training gangs held for their hand-over now."
+    )
 
     @classmethod
     def of(cls, view: OverflowView | None, *, enabled: bool) -> OverflowOut:
@@ -412,6 +432,20 @@ class OverflowOut(ApiModel):
             free_for_seconds=view.free_for_seconds,
             taint=OverflowTaintOut(**view.taint),
             transitions=view.transitions,
+            held_open_for=view.held_open_for,
+            handovers=[
+                HandoverOut(
+                    gang=h.gang,
+                    gpus=h.gpus,
+                    members=h.members,
+                    step=h.step,
+                    reason=h.reason,
+                    nodes=list(h.nodes),
+                    displaced=list(h.displaced),
+                    for_seconds=round(h.for_seconds, 1),
+                )
+                for h in view.handovers
+            ],
         )
 
 

@@ -87,6 +87,18 @@ def overflow_table(flip: Mapping[str, Any], *, now: datetime | None = None) -> T
             table.add_row(cell(label), cell(format_age(flip.get(key))))
     table.add_row(cell("last evaluation"), cell(_since(flip.get("last_evaluation"), moment)))
     table.add_row(cell("transitions"), cell(flip.get("transitions")))
+    if flip.get("held_open_for"):
+        table.add_row(cell("held open for"), cell(str(flip["held_open_for"]), "bold"))
+    for handover in flip.get("handovers") or []:
+        nodes = ", ".join(handover.get("nodes") or []) or "-"
+        table.add_row(
+            cell(f"hand-over {handover.get('gang')}"),
+            cell(
+                f"{handover.get('step')}: {handover.get('reason')} "
+                f"(nodes {nodes}; {len(handover.get('displaced') or [])} displaced; "
+                f"{format_age(handover.get('for_seconds'))})"
+            ),
+        )
     return table
 
 

@@ -14,6 +14,9 @@ the overflow as it was); the hysteresis timers start afresh, so a restart can de
 transition but never cause one. A reading whose newest sample is older than
 ``max_sample_age_seconds`` counts as a lost signal (``domain.overflow.stale``).
 
+While the hand-over (``controllers.handover``) holds claims, ``holding_open`` names it and
+the flip is open whatever the signal says (``domain.overflow.held_open``).
+
 A transition is committed only once the node's taint says so: when the taint write fails,
 the controller keeps the previous state and timers, so the next tick makes the same
 transition again, with its Event and metric, instead of losing them.
@@ -35,6 +38,7 @@ from typing import Any, Protocol
 
 from vk_provider.controllers.prometheus import SignalUnavailable
 from vk_provider.domain import explain
+from vk_provider.domain.handoverstep import HandoverView
 from vk_provider.domain.overflow import (
     CONDITION,
     Flip,
@@ -43,6 +47,7 @@ from vk_provider.domain.overflow import (
     Reading,
     Transition,
     condition_fields,
+    held_open,
     needed_free,
     overflow_taints,
     stale,
@@ -69,6 +74,12 @@ class Signal(Protocol):
 
 class NodeEvents(Protocol):
     async def record(self, obj: dict[str, Any], kind: str, reason: str, message: str) -> None: ...
+
+
+class Handover(Protocol):
+    def holding_open(self) -> str: ...
+
+    def view(self) -> tuple[HandoverView, ...]: ...
 
 
 class OverflowObserver(Protocol):
@@ -100,6 +111,8 @@ class OverflowView:
     free_for_seconds: float | None
     taint: dict[str, str]
     transitions: int  # made by this agent process
+    held_open_for: str = ""  # the hand-over keeping it open, if one does
+    handovers: tuple[HandoverView, ...] = ()
 
 
 class OverflowController:
@@ -118,8 +131,10 @@ class OverflowController:
         observer: OverflowObserver | None = None,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         node_admin: KubeClient | None = None,
+        handover: Handover | None = None,
     ) -> None:
         self._kube = kube
+        self._handover = handover
         # The taint is the node object's spec: with a node identity NodeRestriction forbids
         # the node to change it, so it is read and written with the bootstrap credentials.
         self._admin = node_admin or kube
@@ -164,6 +179,8 @@ class OverflowController:
                 "effect": "PreferNoSchedule" if flip.state is OverflowState.OPEN else "NoSchedule",
             },
             transitions=self._transitions,
+            held_open_for=self._handover.holding_open() if self._handover else "",
+            handovers=self._handover.view() if self._handover else (),
         )
 
     async def close(self) -> None:
@@ -203,6 +220,12 @@ class OverflowController:
         self._needed = needed_free(self._policy, self._gpu_requests())
         after, transition = step(
             before, reading, now=now.timestamp(), policy=self._policy, needed=self._needed
+        )
+        after, transition = held_open(
+            after,
+            transition,
+            reason=self._handover.holding_open() if self._handover else "",
+            now=now.timestamp(),
         )
         if reading is not None:
             self._reading = reading

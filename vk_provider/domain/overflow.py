@@ -168,6 +168,32 @@ def step(
     return after, None
 
 
+def held_open(
+    flip: Flip, transition: Transition | None, *, reason: str, now: float
+) -> tuple[Flip, Transition | None]:
+    """The flip after ``step`` while a hand-over needs the overflow open (``reason`` says
+    whose; "" when none does): a closed flip opens at once, an open one does not close, and
+    samples computed before ``now`` never count once the hold ends (they describe the own
+    GPUs before the training that the hand-over released took them)."""
+    if not reason:
+        return flip, transition
+    seen = now if flip.last_sample is None else max(flip.last_sample, now)
+    held = replace(
+        flip, state=OverflowState.OPEN, full_since=None, free_since=None, last_sample=seen
+    )
+    if flip.state is OverflowState.OPEN or (
+        transition is not None and transition.to is OverflowState.CLOSED
+    ):
+        opened = transition if transition and transition.to is OverflowState.OPEN else None
+        return held, opened
+    return held, Transition(
+        OverflowState.OPEN,
+        "Handover",
+        f"overflow opened for {reason}: the pods it displaces run here before the training "
+        "takes their GPUs",
+    )
+
+
 def overflow_taint(state: OverflowState, *, key: str, value: str) -> JSON:
     effect = "NoSchedule" if state is OverflowState.CLOSED else "PreferNoSchedule"
     return {"key": key, "value": value, "effect": effect}

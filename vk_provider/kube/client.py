@@ -501,3 +501,37 @@ class KubeClient:
                 review, _preload_content=False, _request_timeout=_TIMEOUT
             )
         )
+
+    # ------------------------------------------------------------------ any path
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        query: Mapping[str, str] | None = None,
+        merge: bool = False,
+    ) -> JSON:
+        """``method`` on an API ``path`` (``/api/v1/...``, ``/apis/group/version/...``) with a
+        JSON ``body`` (a JSON merge patch when ``merge``); the JSON answer. For the objects
+        no typed call above covers (evictions, Kueue Workloads, PodGroups). Writes are
+        fenced like the others: a replica that does not lead makes none."""
+        if method != "GET":
+            self._fence(f"{method} {path}")
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = _MERGE if merge else "application/json"
+        return await _json(
+            self._api.call_api(
+                path,
+                method,
+                query_params=list((query or {}).items()),
+                header_params=headers,
+                body=dict(body) if body is not None else None,
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            )
+        )

@@ -41,10 +41,11 @@ SENDERS = 8
 
 
 def involved(obj: dict[str, Any]) -> dict[str, Any]:
-    """The part of ``obj`` (a pod or a Node) an Event refers to: kind, name, namespace, UID
-    and resource version."""
+    """The part of ``obj`` (a pod, a Node, a Kueue Workload) an Event refers to: API version,
+    kind, name, namespace, UID and resource version."""
     metadata = obj.get("metadata") or {}
     return {
+        "apiVersion": obj.get("apiVersion") or "v1",
         "kind": obj.get("kind") or "Pod",
         "metadata": {
             key: metadata[key]
@@ -139,7 +140,7 @@ class EventRecorder:
                     "namespace": namespace,
                 },
                 "involvedObject": {
-                    "apiVersion": "v1",
+                    "apiVersion": str(pod.get("apiVersion") or "v1"),
                     "kind": object_kind,
                     "name": metadata.get("name"),
                     "uid": uid,

@@ -3,11 +3,11 @@
 All long-lived tasks start here and nowhere else, under one supervisor
 (``runtime.supervisor``): the REST API on every replica; on the elected leader only
 (``controllers.leader``), the kubelet API, the node Lease and status loops, the pod watch,
-reconciliation, the pod workers and the overflow flip, beside the election's renewals. If any
-of them ends or dies — the renewals included, when the renew deadline passes — the agent logs
-which one and why and stops with a non-zero exit (a replica that lost the lead restarts as a
-follower). SIGTERM/SIGINT stop everything within bounded time, release the election Lease and
-exit 0.
+reconciliation, the pod workers, the overflow flip and its hand-over, beside the election's
+renewals. If any of them ends or dies — the renewals included, when the renew deadline
+passes — the agent logs which one and why and stops with a non-zero exit (a replica that lost
+the lead restarts as a follower). SIGTERM/SIGINT stop everything within bounded time,
+release the election Lease and exit 0.
 
 Three subsystems are wired beside this module: the providers' circuit breakers
 (``agent_breakers``), the kubelet API with the node's address and certificate
@@ -38,6 +38,8 @@ from vk_provider.api.rest import build_app
 from vk_provider.api.rest_auth import RestAuth, StaticTokenAuth, TokenReviewAuth
 from vk_provider.api.rest_server import RestServer
 from vk_provider.api.view import AgentView, Readiness
+from vk_provider.controllers.handover import HandoverController
+from vk_provider.controllers.homecoming import HomecomingController
 from vk_provider.controllers.launch import Launcher
 from vk_provider.controllers.leader import LeaderElector
 from vk_provider.controllers.node import NodeController
@@ -56,7 +58,12 @@ from vk_provider.kube.events import EventRecorder
 from vk_provider.kube.nodeidentity import NodeIdentity
 from vk_provider.runtime.agent_breakers import guard, health_of
 from vk_provider.runtime.agent_kubelet import kubelet_api_server, node_address
-from vk_provider.runtime.agent_overflow import flip_taint, overflow_controller
+from vk_provider.runtime.agent_overflow import (
+    flip_taint,
+    handover_controller,
+    homecoming_controller,
+    overflow_controller,
+)
 from vk_provider.runtime.preflight import checked_providers, close_all, start_providers
 from vk_provider.runtime.registry import Registry
 from vk_provider.runtime.supervisor import SHUTDOWN_SECONDS, Root, supervise
@@ -83,6 +90,8 @@ class Agent:
     view: AgentView
     rest_api: RestServer
     overflow: OverflowController | None = None
+    handover: HandoverController | None = None
+    homecoming: HomecomingController | None = None
     # identity: node — the certificate behind ``kube``, renewed by a root task of its own.
     identity: NodeIdentity | None = None
     elector: LeaderElector | None = None
@@ -203,13 +212,17 @@ class Agent:
             flip_taint=flip_taint(config),
             node_admin=node_admin,
         )
+        flip_events = EventRecorder(kube, node_name=config.node.name)
+        handover = handover_controller(config, kube, events=flip_events, node_admin=node_admin)
+        homecoming = homecoming_controller(config, kube, events=flip_events, node_admin=node_admin)
         overflow = overflow_controller(
             config,
             kube,
             node_admin=node_admin,
-            events=EventRecorder(kube, node_name=config.node.name),
+            events=flip_events,
             pods=pods,
             observer=metrics,
+            handover=handover,
         )
 
         def not_leading() -> str | None:
@@ -270,6 +283,8 @@ class Agent:
             view,
             rest_api,
             overflow,
+            handover=handover,
+            homecoming=homecoming,
             elector=elector,
             pod_events=pod_events,
         )
@@ -344,6 +359,10 @@ class Agent:
             roots["pod-events"] = self.pod_events.run
         if self.overflow is not None:
             roots["overflow"] = self.overflow.run
+        if self.handover is not None:
+            roots["handover"] = self.handover.run
+        if self.homecoming is not None:
+            roots["way-home"] = self.homecoming.run
         await supervise(roots, asyncio.Event(), before_cancel=self.pods.queue.close)
 
 

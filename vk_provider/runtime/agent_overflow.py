@@ -2,9 +2,11 @@
 with.
 
 ``overflow_controller`` builds the ``controllers.overflow.OverflowController`` over a
-``PrometheusSignal`` from ``overflow:`` in the configuration; ``flip_taint`` is the taint a
-closed flip sets, which the node controller adds to a node that has none of its key (a node
-new to the flip starts closed) and otherwise leaves to the flip.
+``PrometheusSignal`` from ``overflow:`` in the configuration; ``handover_controller`` the
+``controllers.handover.HandoverController`` when ``overflow.handover.enabled`` and
+``homecoming_controller`` the way home when ``overflow.move_home.enabled``;
+``flip_taint`` is the taint a closed flip sets, which the node controller adds to a node that
+has none of its key (a node new to the flip starts closed) and otherwise leaves to the flip.
 
 Invariants: wiring only; with ``overflow.enabled`` false there is neither a controller nor a
 taint (both are None); the flip reads the GPUs the node's pods request from the pod
@@ -14,6 +16,8 @@ controller, and writes the node with ``node_admin`` when there is one (identity:
 from __future__ import annotations
 
 from vk_provider.api.metrics import Metrics
+from vk_provider.controllers.handover import HandoverController
+from vk_provider.controllers.homecoming import HomecomingController
 from vk_provider.controllers.overflow import OverflowController
 from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.prometheus import PrometheusSignal
@@ -30,6 +34,47 @@ def flip_taint(config: AgentConfig) -> dict[str, str] | None:
     return {"key": flip.taint_key, "value": flip.taint_value, "effect": "NoSchedule"}
 
 
+def handover_controller(
+    config: AgentConfig,
+    kube: KubeClient,
+    *,
+    events: EventRecorder,
+    node_admin: KubeClient | None = None,
+) -> HandoverController | None:
+    """The hand-over, when the flip and ``overflow.handover`` are both on. It writes other
+    nodes, pods and Workloads, so it uses ``node_admin`` when there is one (identity: node)."""
+    flip = config.overflow
+    if not (flip.enabled and flip.handover.enabled):
+        return None
+    return HandoverController(
+        node_admin or kube,
+        node_name=config.node.name,
+        config=flip.handover,
+        overflow_taint_key=flip.taint_key,
+        events=events,
+    )
+
+
+def homecoming_controller(
+    config: AgentConfig,
+    kube: KubeClient,
+    *,
+    events: EventRecorder,
+    node_admin: KubeClient | None = None,
+) -> HomecomingController | None:
+    """The way home, when the flip and ``overflow.move_home`` are both on."""
+    flip = config.overflow
+    if not (flip.enabled and flip.move_home.enabled):
+        return None
+    return HomecomingController(
+        node_admin or kube,
+        node_name=config.node.name,
+        config=flip.move_home,
+        overflow_taint_key=flip.taint_key,
+        events=events,
+    )
+
+
 def overflow_controller(
     config: AgentConfig,
     kube: KubeClient,
@@ -38,6 +83,7 @@ def overflow_controller(
     pods: PodController,
     observer: Metrics,
     node_admin: KubeClient | None = None,
+    handover: HandoverController | None = None,
 ) -> OverflowController | None:
     flip = config.overflow
     if not flip.enabled:
@@ -62,4 +108,5 @@ def overflow_controller(
         gpu_requests=pods.gpu_requests,
         observer=observer,
         node_admin=node_admin,
+        handover=handover,
     )

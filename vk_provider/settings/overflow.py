@@ -11,6 +11,7 @@ every pod at once); a Prometheus URL is http(s) with a host; credentials are ref
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -64,6 +65,41 @@ class QueriesConfig(Strict):
         return OverflowQueries(self.allocatable, self.requested, self.unscheduled, self.unfit)
 
 
+class HandoverConfig(Strict):
+    """The hand-over (docs/overflow.md#the-hand-over): a training gang held by the
+    ``vk-provider.io/handover`` scheduling gate or Kueue AdmissionCheck is released only once
+    the inference it displaces runs elsewhere."""
+
+    enabled: bool = Field(False, description="Run the hand-over controller (needs the flip).")
+    policy: Literal["wait", "force"] = Field(
+        "wait",
+        description="When the hand-over cannot be done (no room elsewhere, timeout): wait keeps "
+        "the training held and says why; force releases it to preempt as it would without.",
+    )
+    timeout_seconds: float = Field(
+        900, gt=0, le=86400, description="A hand-over under way this long has failed (policy)."
+    )
+    evictions_without_budget: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="Displaced pods no PodDisruptionBudget covers that may be leaving at once.",
+    )
+    interval_seconds: float = Field(2, gt=0, le=300, description="How often to evaluate.")
+
+
+class MoveHomeConfig(Strict):
+    """The way home, dearest first (docs/overflow.md#the-way-home-dearest-first): while the
+    overflow is closed, the agent evicts its rented pods, the most expensive first, where
+    they fit at home. Off: the descheduler's policy moves them, in its own order."""
+
+    enabled: bool = Field(False, description="Move rented pods home, dearest first.")
+    interval_seconds: float = Field(5, gt=0, le=3600, description="How often to look.")
+    evictions_without_budget: int = Field(
+        1, ge=1, le=1000, description="Pods no PodDisruptionBudget covers leaving at once."
+    )
+
+
 class OverflowConfig(Strict):
     enabled: bool = Field(False, description="Run the overflow flip in this agent.")
     prometheus: PrometheusConfig = Field(
@@ -88,6 +124,13 @@ class OverflowConfig(Strict):
         description="A signal whose newest sample (its timestamp in Prometheus) is older than "
         "this is lost, not read: the flip keeps its state. Three evaluations of Prometheus' "
         "default 1-minute interval; the shipped rules evaluate every 5 s.",
+    )
+    handover: HandoverConfig = Field(
+        default_factory=HandoverConfig,
+        description="Move displaced inference to the virtual node before training takes the GPUs.",
+    )
+    move_home: MoveHomeConfig = Field(
+        default_factory=MoveHomeConfig, description="Bring rented pods home, dearest first."
     )
     close_min_free_gpus: int | None = Field(
         None,

@@ -3,13 +3,16 @@
 1. A local control plane with native gang scheduling; four KWOK nodes x 8 GPUs are the
    cluster's own GPUs; kube-state-metrics and Prometheus give the flip its signal; the
    descheduler runs as a daemon with the shipped policy (``cluster.flip``).
-2. The agent (``vk-provider run``) registers the virtual node with three simulated clouds and
-   the overflow flip on.
+2. The agent (``vk-provider run``) registers the virtual node with three simulated clouds
+   (each takes ``start_delay_seconds``, 20 s by default, to start a pod, as a rented GPU
+   does) and the overflow flip and its hand-over on.
 3. Inference — a Deployment of six 1-GPU replicas at a low PriorityClass, with a
    PodDisruptionBudget — serves from the own nodes.
-4. Training — a gang of four 8-GPU pods at a high PriorityClass — arrives, takes every own GPU
-   and evicts inference; the overflow opens; inference runs on the virtual node at the
-   cheapest clouds.
+4. Training — a gang of four 8-GPU pods at a high PriorityClass — arrives, held by the
+   hand-over's scheduling gate: the overflow opens, inference moves to the virtual node at
+   the cheapest clouds one replica at a time within its PDB, and only then the training
+   binds to every own GPU. With ``handover=False`` (``--no-handover``) the training preempts
+   inference at once, as without the hand-over, so the two runs can be compared.
 5. Training ends; the overflow closes; the descheduler moves inference home one pod per
    cycle; no cloud instance is left.
 
@@ -35,6 +38,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from vk_provider.domain.handoverstep import HANDOVER
 from vk_provider.settings.paths import state_root
 from vk_provider_dev.cluster.binaries import Binaries
 from vk_provider_dev.cluster.cluster import LocalCluster, free_ports, port_is_free
@@ -127,6 +131,8 @@ class StoryOptions:
     descheduling_interval: str = "10s"
     sample_seconds: float = 2.0
     phase_timeout_seconds: float = 300.0
+    handover: bool = True  # False: the training preempts inference, as without a hand-over
+    start_delay_seconds: float = 20.0  # how long a simulated cloud takes to start a pod
 
 
 def story_config(
@@ -137,14 +143,25 @@ def story_config(
     state_dir: Path,
     client_ca: Path,
     prometheus_url: str,
+    handover: bool = True,
+    start_delay_seconds: float = 20.0,
 ) -> dict[str, Any]:
+    clouds = [
+        {
+            **cloud,
+            "offers": [
+                {**offer, "startup_seconds": start_delay_seconds} for offer in cloud["offers"]
+            ],
+        }
+        for cloud in CLOUDS
+    ]
     return {
         "node": {"name": NODE_NAME, "address": "127.0.0.1"},
         "kubelet_api": {"listen": f"127.0.0.1:{kubelet_port}", "client_ca_file": str(client_ca)},
         "rest": {"listen": f"127.0.0.1:{rest_port}", "static_token": f"file:{token_file}"},
         "providers": [
             {"type": "local", "enabled": True, "state_dir": str(state_dir / c["name"]), **c}
-            for c in CLOUDS
+            for c in clouds
         ],
         "overflow": {
             "enabled": True,
@@ -152,6 +169,7 @@ def story_config(
             "interval_seconds": 2,
             "open_after_seconds": 4,
             "close_after_seconds": 10,
+            "handover": {"enabled": handover, "interval_seconds": 1},
         },
     }
 
@@ -204,6 +222,7 @@ class Story:
         self.samples: list[Sample] = []
         self.phase = ""
         self.start = time.monotonic()
+        self.held_seconds = 0.0
 
     def sample(self) -> Sample:
         pods = self.api.items(w.pods_path(NAMESPACE))
@@ -221,13 +240,6 @@ class Story:
         self.samples.append(current)
         self.out.print(line(current), highlight=False)
         return current
-
-    def draw(self) -> None:
-        self.picture.parent.mkdir(parents=True, exist_ok=True)
-        title = "vk-provider: training takes the GPUs, inference overflows, then moves home"
-        self.picture.write_text(
-            render_svg(self.samples, title=title, replicas=self.options.replicas)
-        )
 
     def enter(self, phase: str) -> None:
         self.phase = phase
@@ -250,12 +262,19 @@ class Story:
                 raise RuntimeError(f"the story got stuck at {self.phase!r}; see {self.log_path}")
             self.stop.wait(self.options.sample_seconds)
 
-    def run(self) -> None:
-        replicas = self.options.replicas
-        self.out.print("\n" + HEADER, highlight=False)
-        self.enter("inference serves at home")
-        self.until(lambda s: s.home == replicas)
-        self.enter("training arrives (a gang)")
+    def draw(self) -> None:
+        self.picture.parent.mkdir(parents=True, exist_ok=True)
+        title = "vk-provider: training takes the GPUs, inference overflows, then moves home"
+        self.picture.write_text(
+            render_svg(
+                self.samples,
+                title=title,
+                replicas=self.options.replicas,
+                minimum=self.options.replicas - 1,  # the PDB's maxUnavailable: 1
+            )
+        )
+
+    def _gang(self) -> None:
         group = w.pod_group(
             "train", namespace=NAMESPACE, min_count=GANG_SIZE, priority_class_name=TRAINING
         )
@@ -266,10 +285,28 @@ class Story:
             count=GANG_SIZE,
             gpus=GANG_GPUS,
             priority_class_name=TRAINING,
+            gates=(HANDOVER,) if self.options.handover else (),
         ):
             self.api.create(w.pods_path(NAMESPACE), pod)
-        self.until(lambda s: s.training == GANG_SIZE)
-        self.enter("overflow opens")
+
+    def run(self) -> None:
+        replicas = self.options.replicas
+        self.out.print("\n" + HEADER, highlight=False)
+        self.enter("inference serves at home")
+        self.until(lambda s: s.home == replicas)
+        arrived = time.monotonic()
+        if self.options.handover:
+            self.enter("training arrives, held for the hand-over")
+            self._gang()
+            self.until(lambda s: s.overflow == "open")
+            self.enter("hand-over: inference moves to rented GPUs")
+            self.until(lambda s: s.training == GANG_SIZE)
+        else:
+            self.enter("training arrives (a gang)")
+            self._gang()
+            self.until(lambda s: s.training == GANG_SIZE)
+            self.enter("overflow opens")
+        self.held_seconds = time.monotonic() - arrived
         self.until(lambda s: s.overflow == "open" and s.virtual == replicas)
         self.enter("inference on rented GPUs")
         held = time.monotonic() + self.options.training_seconds
@@ -339,6 +376,8 @@ def run_story(
             state_dir=state_dir,
             client_ca=cluster.pki.ca.cert,
             prometheus_url=parts.prometheus.url,
+            handover=options.handover,
+            start_delay_seconds=options.start_delay_seconds,
         )
         config_path.write_text(yaml.safe_dump(config))
         # Inference first, at home, so the flip's first reading already sees pods (requests
@@ -384,6 +423,12 @@ def run_story(
         out.print(
             f"\n[bold green]The story is over[/]: inference is home, the overflow is closed, "
             f"{instances} cloud instance(s) left."
+        )
+        serving = min(s.ready for s in story.samples)
+        how = "held for the hand-over" if options.handover else "waiting to bind"
+        out.print(
+            f"  training {how} {story.held_seconds:.0f} s; inference Ready never below "
+            f"{serving} of {options.replicas} (PDB minimum {options.replicas - 1})"
         )
         out.print(f"  picture of the run: {picture}  (open it in a browser)")
         out.print("\nExplore (the cluster stays up until Ctrl-C):", highlight=False)

@@ -71,8 +71,10 @@ def gang_pod(
     priority_class_name: str | None = None,
     labels: dict[str, str] | None = None,
     image: str = PAUSE_IMAGE,
+    gates: tuple[str, ...] = (),
 ) -> JSON:
-    """One member of ``group`` asking for ``gpus`` GPUs (requests = limits, as for GPUs)."""
+    """One member of ``group`` asking for ``gpus`` GPUs (requests = limits, as for GPUs),
+    held by the scheduling ``gates`` (the hand-over's ``vk-provider.io/handover``)."""
     spec: JSON = {
         "schedulingGroup": {"podGroupName": group},
         "containers": [
@@ -87,6 +89,8 @@ def gang_pod(
         ],
         "terminationGracePeriodSeconds": 1,
     }
+    if gates:
+        spec["schedulingGates"] = [{"name": gate} for gate in gates]
     if priority_class_name:
         spec["priorityClassName"] = priority_class_name
     return {
@@ -108,6 +112,7 @@ def gang_pods(
     count: int,
     gpus: int,
     priority_class_name: str | None = None,
+    gates: tuple[str, ...] = (),
 ) -> list[JSON]:
     """``count`` members of ``group`` named ``<group>-0 ..``."""
     return [
@@ -117,6 +122,7 @@ def gang_pods(
             group=group,
             gpus=gpus,
             priority_class_name=priority_class_name,
+            gates=gates,
         )
         for index in range(count)
     ]
