@@ -301,6 +301,12 @@ def demo(
         "--no-handover",
         help="Without the hand-over: the training preempts inference at once (to compare).",
     ),
+    native_gang: bool = typer.Option(
+        False,
+        "--native-gang",
+        help="Training as a native PodGroup held by the hand-over's scheduling gate, not as "
+        "a Kueue Job held by its AdmissionCheck.",
+    ),
     start_delay: float = typer.Option(
         20,
         "--start-delay",
@@ -324,6 +330,7 @@ def demo(
             training_seconds=training_seconds,
             descheduling_interval=descheduling_interval,
             handover=not no_handover,
+            kueue=not native_gang,
             start_delay_seconds=start_delay,
         )
         run_story(

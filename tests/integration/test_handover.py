@@ -56,7 +56,6 @@ PY = sys.executable
 REPLICAS, PDB_MIN = 6, 5
 STARTUP_SECONDS = 20
 LOOP = "import time\nprint('serving', flush=True)\nwhile True: time.sleep(0.5)\n"
-KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
 
 
 @pytest.fixture(scope="module")
@@ -334,98 +333,6 @@ async def test_a_gated_gang_binds_only_after_inference_moved_and_serving_never_d
     assert all("NoExecute" not in (e or "") for e in samples.effects), samples.effects
 
 
-def _kueue_objects(suffix: str, namespace: str) -> list[tuple[str, dict[str, Any]]]:
-    """A ResourceFlavor for the own nodes, our AdmissionCheck, a ClusterQueue of every own
-    GPU using it, and a LocalQueue ``main`` in ``namespace``."""
-    flavor, check, queue = f"own-{suffix}", f"handover-{suffix}", f"train-{suffix}"
-    return [
-        (
-            f"{KUEUE_API}/resourceflavors",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ResourceFlavor",
-                "metadata": {"name": flavor},
-                "spec": {"nodeLabels": {"gpu.pool": "own"}},
-            },
-        ),
-        (
-            f"{KUEUE_API}/admissionchecks",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "AdmissionCheck",
-                "metadata": {"name": check},
-                "spec": {"controllerName": HANDOVER},
-            },
-        ),
-        (
-            f"{KUEUE_API}/clusterqueues",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ClusterQueue",
-                "metadata": {"name": queue},
-                "spec": {
-                    "namespaceSelector": {},
-                    "admissionChecksStrategy": {"admissionChecks": [{"name": check}]},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["nvidia.com/gpu"],
-                            "flavors": [
-                                {
-                                    "name": flavor,
-                                    "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 32}],
-                                }
-                            ],
-                        }
-                    ],
-                },
-            },
-        ),
-        (
-            f"{KUEUE_API}/namespaces/{namespace}/localqueues",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "LocalQueue",
-                "metadata": {"name": "main", "namespace": namespace},
-                "spec": {"clusterQueue": queue},
-            },
-        ),
-    ]
-
-
-def _training_job(namespace: str, priority_class: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": "train",
-            "namespace": namespace,
-            "labels": {"kueue.x-k8s.io/queue-name": "main"},
-        },
-        "spec": {
-            "parallelism": 4,
-            "completions": 4,
-            "template": {
-                "metadata": {"labels": {"job": "train"}},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "priorityClassName": priority_class,
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [
-                        {
-                            "name": "train",
-                            "image": w.PAUSE_IMAGE,
-                            "resources": {
-                                "requests": {w.GPU_RESOURCE: "8"},
-                                "limits": {w.GPU_RESOURCE: "8"},
-                            },
-                        }
-                    ],
-                },
-            },
-        },
-    }
-
-
 async def test_a_kueue_workload_is_admitted_only_after_inference_moved_and_serving_never_dips(
     components: FlipComponents, handover_agents: AgentHarness, kube: KubeClient, raw: ApiClient
 ) -> None:
@@ -435,29 +342,32 @@ async def test_a_kueue_workload_is_admitted_only_after_inference_moved_and_servi
     agent = _agent(handover_agents, components, move_home=True)
     await node_ready(api, agent.node, agent)
     namespace, training_class = await _inference_at_home(api, components, raw, suffix)
-    objects = _kueue_objects(suffix, namespace)
+    objects = w.kueue_queue(
+        suffix, namespace=namespace, gpus=32, admission_check=f"handover-{suffix}"
+    )
     for path, body in objects:
         await asyncio.to_thread(create_object, components, path, body)
     samples = Samples()
-    sampler = asyncio.create_task(_sample(api, agent.node, namespace, "job=train", samples))
+    sampler = asyncio.create_task(_sample(api, agent.node, namespace, "gang=train", samples))
     try:
-        jobs = f"/apis/batch/v1/namespaces/{namespace}/jobs"
-        await asyncio.to_thread(
-            create_object, components, jobs, _training_job(namespace, training_class)
+        jobs = w.jobs_path(namespace)
+        job = w.kueue_training_job(
+            "train", namespace=namespace, count=4, gpus=8, priority_class_name=training_class
         )
-        await _bound_together(api, namespace, "job=train", 4)
+        await asyncio.to_thread(create_object, components, jobs, job)
+        await _bound_together(api, namespace, "gang=train", 4)
 
         assert await _sampled_bind(samples) == REPLICAS
         assert min(samples.ready) >= PDB_MIN, min(samples.ready)
         assert not await _events(raw, namespace, "Preempted"), "a pod was preempted"
         assert len(await _events(raw, namespace, "HandoverEviction")) == REPLICAS
-        workloads = components.api.items(f"{KUEUE_API}/namespaces/{namespace}/workloads")
+        workloads = components.api.items(f"{w.KUEUE_API}/namespaces/{namespace}/workloads")
         (check,) = workloads[0]["status"]["admissionChecks"]
         assert check["state"] == "Ready", check
         assert await _events(raw, namespace, "HandoverReleased")
 
         await asyncio.to_thread(components.api.delete, f"{jobs}/train")
-        for pod in await api.list_pods(namespace=namespace, label_selector="job=train"):
+        for pod in await api.list_pods(namespace=namespace, label_selector="gang=train"):
             await api.delete_pod_now(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
         back = await _home_again_and_nothing_left(
             api, components, agent, namespace, descheduler=False
@@ -469,7 +379,7 @@ async def test_a_kueue_workload_is_admitted_only_after_inference_moved_and_servi
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
         await _cleanup(components, api, namespace)
-        for path, body in reversed(objects[:3]):
+        for path, body in reversed(objects[:-1]):
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(components.api.delete, f"{path}/{body['metadata']['name']}")
         await asyncio.to_thread(components.stop_kueue)

@@ -198,3 +198,17 @@ def test_the_ready_line_and_the_minimum_are_drawn() -> None:
 
 def test_an_empty_run_still_draws() -> None:
     ET.fromstring(render_svg([], title="nothing", replicas=6))  # noqa: S314 - ours
+
+
+def test_a_suspended_kueue_job_counts_as_held_training() -> None:
+    sample = snapshot(
+        t=1.0,
+        phase="p",
+        virtual_node=with_taint("NoSchedule"),
+        own_nodes=["gpu-node-0"],
+        own_gpus=8,
+        inference=[],
+        training=[],
+        training_queued=4,
+    )
+    assert (sample.training, sample.held) == (0, 4)

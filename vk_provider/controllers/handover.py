@@ -164,6 +164,8 @@ class HandoverController:
             or any(claim_of(n) is not None for n in nodes)
         ):
             self._views, self._open_for = (), ""
+            self._started.clear()
+            self._said.clear()
             return
         pods = await self._items("/api/v1/pods", LIVE_PODS)
         overflow_open = (
@@ -203,7 +205,7 @@ class HandoverController:
         for view in views:
             if view.claim is not None and view.claim not in in_use:
                 await self._claim(view.name, None)
-        for gone in set(self._started) - {e.gang.id for e in held}:
+        for gone in (set(self._started) | set(self._said)) - {e.gang.id for e in held}:
             self._started.pop(gone, None)
             self._said.pop(gone, None)
         self._views = tuple(shown)

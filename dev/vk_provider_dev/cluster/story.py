@@ -8,11 +8,13 @@
    does) and the overflow flip and its hand-over on.
 3. Inference — a Deployment of six 1-GPU replicas at a low PriorityClass, with a
    PodDisruptionBudget — serves from the own nodes.
-4. Training — a gang of four 8-GPU pods at a high PriorityClass — arrives, held by the
-   hand-over's scheduling gate: the overflow opens, inference moves to the virtual node at
-   the cheapest clouds one replica at a time within its PDB, and only then the training
-   binds to every own GPU. With ``handover=False`` (``--no-handover``) the training preempts
-   inference at once, as without the hand-over, so the two runs can be compared.
+4. Training — a Kueue Job of four 8-GPU pods at a high PriorityClass (or, with
+   ``kueue=False``, a PodGroup whose pods carry the hand-over's scheduling gate) — arrives
+   and is held by the hand-over, Kueue's AdmissionCheck ``handover``: the overflow opens,
+   inference moves to the virtual node at the cheapest clouds one replica at a time within
+   its PDB, and only then the training binds to every own GPU. With ``handover=False``
+   (``--no-handover``) the training preempts inference at once, as without the hand-over,
+   so the two runs can be compared.
 5. Training ends; the overflow closes; the descheduler moves inference home one pod per
    cycle; no cloud instance is left.
 
@@ -132,6 +134,7 @@ class StoryOptions:
     sample_seconds: float = 2.0
     phase_timeout_seconds: float = 300.0
     handover: bool = True  # False: the training preempts inference, as without a hand-over
+    kueue: bool = True  # the hand-over as Kueue's AdmissionCheck; False: a gated PodGroup
     start_delay_seconds: float = 20.0  # how long a simulated cloud takes to start a pod
 
 
@@ -236,6 +239,7 @@ class Story:
             own_gpus=float(len(self.parts.nodes) * GANG_GPUS),
             inference=inference,
             training=training,
+            training_queued=self._queued(),
         )
         self.samples.append(current)
         self.out.print(line(current), highlight=False)
@@ -274,7 +278,28 @@ class Story:
             )
         )
 
+    def _queued(self) -> int:
+        """Training pods Kueue holds back (its Job suspended, pods not created yet)."""
+        if not self._through_kueue:
+            return 0
+        job = self.api.get(f"{w.jobs_path(NAMESPACE)}/train") or {}
+        return GANG_SIZE if (job.get("spec") or {}).get("suspend") else 0
+
+    @property
+    def _through_kueue(self) -> bool:
+        return self.options.handover and self.options.kueue
+
     def _gang(self) -> None:
+        if self._through_kueue:
+            job = w.kueue_training_job(
+                "train",
+                namespace=NAMESPACE,
+                count=GANG_SIZE,
+                gpus=GANG_GPUS,
+                priority_class_name=TRAINING,
+            )
+            self.api.create(w.jobs_path(NAMESPACE), job)
+            return
         group = w.pod_group(
             "train", namespace=NAMESPACE, min_count=GANG_SIZE, priority_class_name=TRAINING
         )
@@ -312,9 +337,12 @@ class Story:
         held = time.monotonic() + self.options.training_seconds
         self.until(lambda s: time.monotonic() >= held)
         self.enter("training ends")
-        for index in range(GANG_SIZE):
-            self.api.delete(f"{w.pods_path(NAMESPACE)}/train-{index}", grace_seconds=0)
-        self.api.delete(f"{w.pod_groups_path(NAMESPACE)}/train")
+        if self._through_kueue:
+            self.api.delete(f"{w.jobs_path(NAMESPACE)}/train")  # orphans its pods: below
+        else:
+            self.api.delete(f"{w.pod_groups_path(NAMESPACE)}/train")
+        for pod in self.api.items(w.pods_path(NAMESPACE), labelSelector="gang=train"):
+            self.api.delete(f"{w.pods_path(NAMESPACE)}/{pod['metadata']['name']}", grace_seconds=0)
         self.until(lambda s: s.training == 0)
         self.enter("overflow closes")
         self.until(lambda s: s.overflow == "closed")
@@ -391,6 +419,16 @@ def run_story(
             w.pdbs_path(NAMESPACE),
             w.pod_disruption_budget("infer", namespace=NAMESPACE, app="infer"),
         )
+        if options.handover and options.kueue:
+            say("  starting Kueue (training is queued; the hand-over is its AdmissionCheck)")
+            parts.start_kueue()
+            for path, body in w.kueue_queue(
+                "demo",
+                namespace=NAMESPACE,
+                gpus=options.own_nodes * GANG_GPUS,
+                admission_check="handover",
+            ):
+                api.create(path, body, exist_ok=True)
         log_path = agent_log_path(name)
         say(f"  starting the agent (log: {log_path})")
         agent = start_agent(config_path, kubeconfig, state_dir, log_path)

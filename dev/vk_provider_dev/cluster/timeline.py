@@ -84,7 +84,10 @@ def snapshot(
     own_gpus: float,
     inference: Iterable[JSON],
     training: Iterable[JSON],
+    training_queued: int = 0,
 ) -> Sample:
+    """One sample; ``training_queued``: training pods held before they exist (a Kueue Job
+    still suspended), counted as held."""
     own = set(own_nodes)
     virtual_name = ((virtual_node or {}).get("metadata") or {}).get("name")
     home = virtual = waiting = ready = 0
@@ -110,7 +113,7 @@ def snapshot(
             waiting += 1
         if where in own:
             used += _gpus(pod)
-    bound = held = 0
+    bound, held = 0, training_queued
     for pod in training:
         if _live(pod) and not (pod.get("spec") or {}).get("nodeName"):
             held += 1

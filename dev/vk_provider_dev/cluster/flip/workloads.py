@@ -183,3 +183,119 @@ def pod_disruption_budget(name: str, *, namespace: str, app: str, max_unavailabl
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": app}}},
     }
+
+
+# --------------------------------------------------------------------------- Kueue
+
+KUEUE_API: Final = "/apis/kueue.x-k8s.io/v1beta2"
+
+
+def kueue_queue(
+    suffix: str, *, namespace: str, gpus: int, admission_check: str | None
+) -> list[tuple[str, JSON]]:
+    """(path, object) to create, in order, for training through Kueue: a ResourceFlavor for
+    the own nodes (``gpu.pool=own``), the AdmissionCheck ``admission_check`` (its controller
+    is the hand-over's, ``vk-provider.io/handover``; None: no check), a ClusterQueue
+    ``train-<suffix>`` of ``gpus`` GPUs using both, and a LocalQueue ``main`` in
+    ``namespace``. Cluster-scoped objects first; delete them in reverse."""
+    flavor, queue = f"own-{suffix}", f"train-{suffix}"
+    objects: list[tuple[str, JSON]] = [
+        (
+            f"{KUEUE_API}/resourceflavors",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": flavor},
+                "spec": {"nodeLabels": {"gpu.pool": "own"}},
+            },
+        )
+    ]
+    spec: JSON = {
+        "namespaceSelector": {},
+        "resourceGroups": [
+            {
+                "coveredResources": [GPU_RESOURCE],
+                "flavors": [
+                    {"name": flavor, "resources": [{"name": GPU_RESOURCE, "nominalQuota": gpus}]}
+                ],
+            }
+        ],
+    }
+    if admission_check:
+        objects.append(
+            (
+                f"{KUEUE_API}/admissionchecks",
+                {
+                    "apiVersion": "kueue.x-k8s.io/v1beta2",
+                    "kind": "AdmissionCheck",
+                    "metadata": {"name": admission_check},
+                    "spec": {"controllerName": "vk-provider.io/handover"},
+                },
+            )
+        )
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": admission_check}]}
+    objects.append(
+        (
+            f"{KUEUE_API}/clusterqueues",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ClusterQueue",
+                "metadata": {"name": queue},
+                "spec": spec,
+            },
+        )
+    )
+    objects.append(
+        (
+            f"{KUEUE_API}/namespaces/{namespace}/localqueues",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": "main", "namespace": namespace},
+                "spec": {"clusterQueue": queue},
+            },
+        )
+    )
+    return objects
+
+
+def jobs_path(namespace: str) -> str:
+    return f"/apis/batch/v1/namespaces/{namespace}/jobs"
+
+
+def kueue_training_job(
+    name: str, *, namespace: str, count: int, gpus: int, priority_class_name: str
+) -> JSON:
+    """A Job of ``count`` pods x ``gpus`` GPUs in the LocalQueue ``main``, labelled
+    ``gang=<name>`` like the native gang's pods."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": "main"},
+        },
+        "spec": {
+            "parallelism": count,
+            "completions": count,
+            "template": {
+                "metadata": {"labels": {"gang": name}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "priorityClassName": priority_class_name,
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": PAUSE_IMAGE,
+                            "resources": {
+                                "requests": {GPU_RESOURCE: str(gpus)},
+                                "limits": {GPU_RESOURCE: str(gpus)},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
