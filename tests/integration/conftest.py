@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes_asyncio import config
+from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.integration.agent_harness import AgentHarness
 
@@ -55,6 +57,35 @@ def two_node_flip(
         yield components
     for child in (components.kwok, components.ksm, components.prometheus, components.kueue):
         assert child is None or not child.running, f"{child} left running"
+
+
+@pytest.fixture
+def gang_agents(gang_cluster: LocalCluster, tmp_path: Path) -> Iterator[AgentHarness]:
+    """Agents on the module's ``gang_cluster``; all stopped and cleaned up afterwards."""
+    harness = AgentHarness(gang_cluster, tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.stop_all()
+
+
+@pytest.fixture
+async def gang_kube(gang_cluster: LocalCluster) -> AsyncIterator[KubeClient]:
+    api = await KubeClient.connect(gang_cluster.kubeconfig)
+    try:
+        yield api
+    finally:
+        await api.close()
+
+
+@pytest.fixture
+async def gang_raw(gang_cluster: LocalCluster) -> AsyncIterator[ApiClient]:
+    """The official client on ``gang_cluster`` (Events, namespaces)."""
+    api = await config.new_client_from_config(config_file=str(gang_cluster.kubeconfig))
+    try:
+        yield api
+    finally:
+        await api.close()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,9 @@ from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster.flip.stack import FlipComponents
 
 KEY = "virtual-kubelet.io/provider"
+PY = sys.executable
+# An inference replica's command on the local provider: a server that only keeps running.
+LOOP = "import time\nprint('serving', flush=True)\nwhile True: time.sleep(0.5)\n"
 
 
 @dataclass

@@ -23,11 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,6 +35,8 @@ from kubernetes_asyncio.client.api_client import ApiClient
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers
 from tests.integration.flip_helpers import (
+    LOOP,
+    PY,
     Watch,
     an_offer,
     create_object,
@@ -56,9 +56,7 @@ from vk_provider_dev.cluster.flip import workloads as w
 from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-PY = sys.executable
 REPLICAS, PDB_MIN = 6, 5
-LOOP = "import time\nprint('serving', flush=True)\nwhile True: time.sleep(0.5)\n"
 
 
 @pytest.fixture(scope="module")
@@ -70,42 +68,13 @@ def components(
         yield parts
 
 
-@pytest.fixture
-def story_agents(gang_cluster: LocalCluster, tmp_path: Path) -> Iterator[AgentHarness]:
-    harness = AgentHarness(gang_cluster, tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.stop_all()
-
-
-@pytest.fixture
-async def kube_b(gang_cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    api = await KubeClient.connect(gang_cluster.kubeconfig)
-    try:
-        yield api
-    finally:
-        await api.close()
-
-
-@pytest.fixture
-async def raw(gang_cluster: LocalCluster) -> AsyncIterator[ApiClient]:
-    from kubernetes_asyncio import config
-
-    api = await config.new_client_from_config(config_file=str(gang_cluster.kubeconfig))
-    try:
-        yield api
-    finally:
-        await api.close()
-
-
 async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly(
     components: FlipComponents,
-    story_agents: AgentHarness,
-    kube_b: KubeClient,
-    raw: ApiClient,
+    gang_agents: AgentHarness,
+    gang_kube: KubeClient,
+    gang_raw: ApiClient,
 ) -> None:
-    api = kube_b
+    api, raw, story_agents = gang_kube, gang_raw, gang_agents
     suffix = uuid.uuid4().hex[:6]
     namespace = f"story-{suffix}"
     inference_class, training_class = f"inference-{suffix}", f"training-{suffix}"
@@ -344,15 +313,15 @@ def _free_home_slots(components: FlipComponents, gpus: int) -> int:
 
 async def test_scale_in_removes_rented_replicas_first_the_dearest_first(
     components: FlipComponents,
-    story_agents: AgentHarness,
-    kube_b: KubeClient,
-    raw: ApiClient,
+    gang_agents: AgentHarness,
+    gang_kube: KubeClient,
+    gang_raw: ApiClient,
 ) -> None:
     """A real ReplicaSet scale-down with replicas at home (several per own node) and two on
     the virtual node at $1 and $3 an hour. Without the agent's pod-deletion-cost the
     ReplicaSet controller removes a home replica first (it ranks pods "doubled up" on a node
     first, and the home nodes hold more replicas each than the virtual node)."""
-    api = kube_b
+    api, raw, story_agents = gang_kube, gang_raw, gang_agents
     namespace = f"scale-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(raw)
     await core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))

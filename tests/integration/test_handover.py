@@ -21,12 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,6 +35,8 @@ from kubernetes_asyncio.client.api_client import ApiClient
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers
 from tests.integration.flip_helpers import (
+    LOOP,
+    PY,
     an_offer,
     create_object,
     inference_pods,
@@ -52,10 +52,8 @@ from vk_provider_dev.cluster.flip import workloads as w
 from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-PY = sys.executable
 REPLICAS, PDB_MIN = 6, 5
 STARTUP_SECONDS = 20
-LOOP = "import time\nprint('serving', flush=True)\nwhile True: time.sleep(0.5)\n"
 
 
 @pytest.fixture(scope="module")
@@ -65,35 +63,6 @@ def components(
     directory = tmp_path_factory.mktemp("handover")
     with start_flip_components(gang_cluster, directory=directory, own_nodes=4) as parts:
         yield parts
-
-
-@pytest.fixture
-def handover_agents(gang_cluster: LocalCluster, tmp_path: Path) -> Iterator[AgentHarness]:
-    harness = AgentHarness(gang_cluster, tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.stop_all()
-
-
-@pytest.fixture
-async def kube(gang_cluster: LocalCluster) -> AsyncIterator[KubeClient]:
-    api = await KubeClient.connect(gang_cluster.kubeconfig)
-    try:
-        yield api
-    finally:
-        await api.close()
-
-
-@pytest.fixture
-async def raw(gang_cluster: LocalCluster) -> AsyncIterator[ApiClient]:
-    from kubernetes_asyncio import config
-
-    api = await config.new_client_from_config(config_file=str(gang_cluster.kubeconfig))
-    try:
-        yield api
-    finally:
-        await api.close()
 
 
 @dataclass
@@ -284,31 +253,37 @@ async def _cleanup(components: FlipComponents, api: KubeClient, namespace: str) 
     await wait_for(emptied, timeout=120, what=f"the pods of {namespace} gone")
 
 
+async def _gated_gang(components: FlipComponents, namespace: str, training_class: str) -> None:
+    group = w.pod_group(
+        "train", namespace=namespace, min_count=4, priority_class_name=training_class
+    )
+    await asyncio.to_thread(create_object, components, w.pod_groups_path(namespace), group)
+    for pod in w.gang_pods(
+        "train",
+        namespace=namespace,
+        count=4,
+        gpus=8,
+        priority_class_name=training_class,
+        gates=(HANDOVER,),
+    ):
+        await asyncio.to_thread(create_object, components, w.pods_path(namespace), pod)
+
+
 async def test_a_gated_gang_binds_only_after_inference_moved_and_serving_never_dips(
-    components: FlipComponents, handover_agents: AgentHarness, kube: KubeClient, raw: ApiClient
+    components: FlipComponents,
+    gang_agents: AgentHarness,
+    gang_kube: KubeClient,
+    gang_raw: ApiClient,
 ) -> None:
-    api = kube
+    api, raw = gang_kube, gang_raw
     suffix = uuid.uuid4().hex[:6]
-    agent = _agent(handover_agents, components)
+    agent = _agent(gang_agents, components)
     await node_ready(api, agent.node, agent)
     namespace, training_class = await _inference_at_home(api, components, raw, suffix)
     samples = Samples()
     sampler = asyncio.create_task(_sample(api, agent.node, namespace, "gang=train", samples))
     try:
-        group = w.pod_group(
-            "train", namespace=namespace, min_count=4, priority_class_name=training_class
-        )
-        await asyncio.to_thread(create_object, components, w.pod_groups_path(namespace), group)
-        for pod in w.gang_pods(
-            "train",
-            namespace=namespace,
-            count=4,
-            gpus=8,
-            priority_class_name=training_class,
-            gates=(HANDOVER,),
-        ):
-            await asyncio.to_thread(create_object, components, w.pods_path(namespace), pod)
-
+        await _gated_gang(components, namespace, training_class)
         await _kill_and_restart_after_evictions(raw, api, namespace, agent, evictions=2)
         await _bound_together(api, namespace, "gang=train", 4)
 
@@ -334,12 +309,15 @@ async def test_a_gated_gang_binds_only_after_inference_moved_and_serving_never_d
 
 
 async def test_a_kueue_workload_is_admitted_only_after_inference_moved_and_serving_never_dips(
-    components: FlipComponents, handover_agents: AgentHarness, kube: KubeClient, raw: ApiClient
+    components: FlipComponents,
+    gang_agents: AgentHarness,
+    gang_kube: KubeClient,
+    gang_raw: ApiClient,
 ) -> None:
-    api = kube
+    api, raw = gang_kube, gang_raw
     await asyncio.to_thread(components.start_kueue)
     suffix = uuid.uuid4().hex[:6]
-    agent = _agent(handover_agents, components, move_home=True)
+    agent = _agent(gang_agents, components, move_home=True)
     await node_ready(api, agent.node, agent)
     namespace, training_class = await _inference_at_home(api, components, raw, suffix)
     objects = w.kueue_queue(
@@ -387,12 +365,15 @@ async def test_a_kueue_workload_is_admitted_only_after_inference_moved_and_servi
 
 
 async def test_home_again_the_dearest_rented_replica_leaves_first(
-    components: FlipComponents, handover_agents: AgentHarness, kube: KubeClient, raw: ApiClient
+    components: FlipComponents,
+    gang_agents: AgentHarness,
+    gang_kube: KubeClient,
+    gang_raw: ApiClient,
 ) -> None:
     """Three replicas rented at $1.10, $2.99 and $1.80 an hour (own GPUs taken by a filler);
     the filler goes, the overflow closes, and the agent's way home moves the $2.99 one
     first, the others once the PDB allows."""
-    api = kube
+    api, raw = gang_kube, gang_raw
     suffix = uuid.uuid4().hex[:6]
     namespace = f"home-{suffix}"
     await client.CoreV1Api(raw).create_namespace(
@@ -403,7 +384,7 @@ async def test_home_again_the_dearest_rented_replica_leaves_first(
         an_offer("dear", gpus=1, price=2.99, capacity=1),
         an_offer("mid", gpus=1, price=1.8, capacity=1),
     ]
-    agent = _agent(handover_agents, components, offers=offers, startup=0, move_home=True)
+    agent = _agent(gang_agents, components, offers=offers, startup=0, move_home=True)
     try:
         await node_ready(api, agent.node, agent)
         filler = w.gpu_deployment("filler", namespace=namespace, replicas=4, gpus=8)
@@ -464,32 +445,19 @@ async def test_home_again_the_dearest_rented_replica_leaves_first(
         await _cleanup(components, api, namespace)
 
 
-async def _gated_gang(components: FlipComponents, namespace: str, training_class: str) -> None:
-    group = w.pod_group(
-        "train", namespace=namespace, min_count=4, priority_class_name=training_class
-    )
-    await asyncio.to_thread(create_object, components, w.pod_groups_path(namespace), group)
-    for pod in w.gang_pods(
-        "train",
-        namespace=namespace,
-        count=4,
-        gpus=8,
-        priority_class_name=training_class,
-        gates=(HANDOVER,),
-    ):
-        await asyncio.to_thread(create_object, components, w.pods_path(namespace), pod)
-
-
 async def test_wait_holds_the_training_while_no_provider_can_take_the_displaced(
-    components: FlipComponents, handover_agents: AgentHarness, kube: KubeClient, raw: ApiClient
+    components: FlipComponents,
+    gang_agents: AgentHarness,
+    gang_kube: KubeClient,
+    gang_raw: ApiClient,
 ) -> None:
     """No provider capacity: the training stays gated with a HandoverHeld Event saying what
     is missing, inference untouched, no node claimed; capacity appears (the provider
     restarted with room) and the hand-over completes."""
-    api = kube
+    api, raw = gang_kube, gang_raw
     suffix = uuid.uuid4().hex[:6]
     agent = _agent(
-        handover_agents,
+        gang_agents,
         components,
         offers=[an_offer("a100", gpus=1, price=1.2, capacity=0)],
         startup=2,
@@ -535,14 +503,17 @@ async def test_wait_holds_the_training_while_no_provider_can_take_the_displaced(
 
 
 async def test_force_releases_the_training_as_without_a_hand_over(
-    components: FlipComponents, handover_agents: AgentHarness, kube: KubeClient, raw: ApiClient
+    components: FlipComponents,
+    gang_agents: AgentHarness,
+    gang_kube: KubeClient,
+    gang_raw: ApiClient,
 ) -> None:
     """Policy force with no provider capacity: the gate is removed at once (a HandoverForced
     Warning says why) and the scheduler preempts inference, as it would without."""
-    api = kube
+    api, raw = gang_kube, gang_raw
     suffix = uuid.uuid4().hex[:6]
     agent = _agent(
-        handover_agents,
+        gang_agents,
         components,
         offers=[an_offer("a100", gpus=1, price=1.2, capacity=0)],
         startup=2,

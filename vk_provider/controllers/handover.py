@@ -32,7 +32,6 @@ call is retried next tick, never fatal.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -41,6 +40,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from vk_provider.controllers.ticker import every
 from vk_provider.domain import explain
 from vk_provider.domain.handoverstep import (
     DISPLACED,
@@ -140,14 +140,7 @@ class HandoverController:
     # --- the loop -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except ApiError as exc:
-                log.warning("hand-over: %s; retrying next tick", exc)
-            except Exception:
-                log.exception("hand-over: evaluation failed; retrying next tick")
-            await asyncio.sleep(self._config.interval_seconds)
+        await every(lambda: self._config.interval_seconds, self.tick, log=log, what="hand-over")
 
     async def tick(self) -> None:
         nodes = await self._items("/api/v1/nodes")

@@ -17,11 +17,11 @@ only pods with a controller move (a bare pod evicted would be lost); claimed own
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from vk_provider.controllers.ticker import every
 from vk_provider.domain import explain
 from vk_provider.domain.handoverworld import budgeted, key, node_pod, node_views, terminating
 from vk_provider.domain.homecoming import Rented, choose
@@ -57,14 +57,7 @@ class HomecomingController:
         self._events = events
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except ApiError as exc:
-                log.warning("way home: %s; retrying next tick", exc)
-            except Exception:
-                log.exception("way home: evaluation failed; retrying next tick")
-            await asyncio.sleep(self._config.interval_seconds)
+        await every(lambda: self._config.interval_seconds, self.tick, log=log, what="way home")
 
     async def tick(self) -> None:
         virtual = await self._kube.get_node(self._node)
