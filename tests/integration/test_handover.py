@@ -99,6 +99,7 @@ def _agent(
     startup: float = STARTUP_SECONDS,
     move_home: bool = False,
     policy: str = "wait",
+    kueue_retry_seconds: int = 30,
 ) -> AgentProcess:
     """The agent with the flip, the hand-over and (``move_home``) the way home on."""
     chosen = offers or [an_offer("a100", gpus=1, price=1.2, capacity=8)]
@@ -112,7 +113,12 @@ def _agent(
             "interval_seconds": 1,
             "open_after_seconds": 3,
             "close_after_seconds": 5,
-            "handover": {"enabled": True, "interval_seconds": 1, "policy": policy},
+            "handover": {
+                "enabled": True,
+                "interval_seconds": 1,
+                "policy": policy,
+                "kueue_retry_seconds": kueue_retry_seconds,
+            },
             "move_home": {"enabled": move_home, "interval_seconds": 1},
         },
     )
@@ -487,14 +493,7 @@ async def test_wait_holds_the_training_while_no_provider_can_take_the_displaced(
                 node = await api.get_node(name) or {}
                 assert all(t["key"] != HANDOVER for t in node["spec"].get("taints") or [])
 
-        config = yaml.safe_load(agent.config_path.read_text())
-        config["providers"][0]["offers"][0]["capacity"] = 8
-        agent.config_path.write_text(yaml.safe_dump(config))
-        assert agent.process is not None
-        agent.process.terminate()
-        agent.process.wait(timeout=60)
-        agent.start()
-        await node_ready(api, agent.node, agent)
+        await _restart_with_capacity(agent, api, 8)
         await _bound_together(api, namespace, "gang=train", 4)
         assert len(await _events(raw, namespace, "HandoverEviction")) == REPLICAS
         assert not await _events(raw, namespace, "Preempted")
@@ -532,3 +531,84 @@ async def test_force_releases_the_training_as_without_a_hand_over(
         assert not await _events(raw, namespace, "HandoverEviction")
     finally:
         await _cleanup(components, api, namespace)
+
+
+async def _restart_with_capacity(agent: AgentProcess, api: KubeClient, capacity: int) -> None:
+    """Capacity appears: the agent's provider restarted with room for ``capacity``."""
+    config = yaml.safe_load(agent.config_path.read_text())
+    config["providers"][0]["offers"][0]["capacity"] = capacity
+    agent.config_path.write_text(yaml.safe_dump(config))
+    assert agent.process is not None
+    agent.process.terminate()
+    agent.process.wait(timeout=60)
+    agent.start()
+    await node_ready(api, agent.node, agent)
+
+
+async def test_kueue_retries_the_check_while_no_provider_can_take_the_displaced(
+    components: FlipComponents,
+    gang_agents: AgentHarness,
+    gang_kube: KubeClient,
+    gang_raw: ApiClient,
+) -> None:
+    """Kueue and no provider capacity: the check goes to Retry (Kueue releases the quota,
+    requeues, resets the check to Pending: its retryCount grows), the Job stays suspended,
+    inference untouched; capacity appears and the hand-over completes."""
+    api, raw = gang_kube, gang_raw
+    await asyncio.to_thread(components.start_kueue)
+    suffix = uuid.uuid4().hex[:6]
+    agent = _agent(
+        gang_agents,
+        components,
+        offers=[an_offer("a100", gpus=1, price=1.2, capacity=0)],
+        startup=2,
+        kueue_retry_seconds=2,
+    )
+    await node_ready(api, agent.node, agent)
+    namespace, training_class = await _inference_at_home(api, components, raw, suffix)
+    before = {p["metadata"]["name"] for p in await inference_pods(api, namespace)}
+    objects = w.kueue_queue(
+        suffix, namespace=namespace, gpus=32, admission_check=f"handover-{suffix}"
+    )
+    for path, body in objects:
+        await asyncio.to_thread(create_object, components, path, body)
+    jobs = w.jobs_path(namespace)
+    try:
+        job = w.kueue_training_job(
+            "train", namespace=namespace, count=4, gpus=8, priority_class_name=training_class
+        )
+        await asyncio.to_thread(create_object, components, jobs, job)
+        workloads = f"{w.KUEUE_API}/namespaces/{namespace}/workloads"
+
+        def retried() -> dict[str, Any] | None:
+            for workload in components.api.items(workloads):
+                for check in (workload.get("status") or {}).get("admissionChecks") or []:
+                    if (check.get("retryCount") or 0) >= 1:
+                        return dict(check)
+            return None
+
+        check = await wait_for(
+            lambda: asyncio.to_thread(retried), timeout=120, interval=0.5, what="a retried check"
+        )
+        assert check["name"] == f"handover-{suffix}", check
+        (held, *_) = await _events(raw, namespace, "HandoverHeld")
+        assert held.involved_object.kind == "Workload", held.involved_object
+        assert "virtual node can take 0" in held.message, held.message
+        pods = await inference_pods(api, namespace)
+        assert {p["metadata"]["name"] for p in pods} == before
+        assert all(is_ready(p) for p in pods)
+        suspended = await asyncio.to_thread(components.api.get, f"{jobs}/train")
+        assert (suspended or {})["spec"]["suspend"] is True
+
+        await _restart_with_capacity(agent, api, 8)
+        await _bound_together(api, namespace, "gang=train", 4)
+        assert len(await _events(raw, namespace, "HandoverEviction")) == REPLICAS
+        assert not await _events(raw, namespace, "Preempted")
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(components.api.delete, f"{jobs}/train")
+        await _cleanup(components, api, namespace)
+        for path, body in reversed(objects[:-1]):
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(components.api.delete, f"{path}/{body['metadata']['name']}")
+        await asyncio.to_thread(components.stop_kueue)

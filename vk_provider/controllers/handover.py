@@ -19,10 +19,11 @@ Pending with quota reserved — take the step ``domain.handoverstep.decide`` say
 
 When a hand-over cannot be done (no placement, no room elsewhere) or runs longer than
 ``timeout_seconds``: policy ``wait`` keeps the training held (a timed-out hand-over drops
-its claims and starts again; a Kueue check goes to Retry, so Kueue requeues the Workload),
-policy ``force`` releases it unbound, as without a hand-over. Events on the gang (the
-Workload, or each gated pod) and on the claimed nodes say each step once; ``view`` is what
-``GET /v1/overflow`` shows.
+its claims and starts again; a Kueue check goes to Retry with ``requeueAfterSeconds``
+``kueue_retry_seconds``, so Kueue releases the quota, requeues the Workload and resets the
+check to Pending when it reserves quota again), policy ``force`` releases it unbound, as
+without a hand-over. Events on the gang (the Workload, or each gated pod) and on the claimed
+nodes say each step once; ``view`` is what ``GET /v1/overflow`` shows.
 
 Invariants: level-triggered — every decision is taken from what the cluster shows, so a
 restarted agent resumes a hand-over from its claims (only its timeout clock starts again);
@@ -279,8 +280,15 @@ class HandoverController:
                 forced = Decision(Action.RELEASE, f"forced ({decision.reason})")
                 await self._release(entry, forced, checks, FORCED, explain.WARNING)
                 return forced
+            # Kueue: Retry, so Kueue releases the quota and asks again after
+            # kueue_retry_seconds (the check is reset to Pending then).
             await self._say(
-                entry, HELD, explain.WARNING, f"training held: {decision.reason}", checks
+                entry,
+                HELD,
+                explain.WARNING,
+                f"training held: {decision.reason}",
+                checks,
+                check="Retry",
             )
         elif decision.action is Action.CLAIM:
             assert decision.plan is not None
@@ -461,6 +469,8 @@ class HandoverController:
             if changed
             else current.get("lastTransitionTime"),
         }
+        if state == "Retry":
+            wanted["requeueAfterSeconds"] = self._config.kueue_retry_seconds
         if updates:
             wanted["podSetUpdates"] = updates
         if wanted == current:
@@ -514,8 +524,12 @@ class HandoverController:
         message: str,
         checks: frozenset[str],
         nodes: Sequence[str] = (),
+        check: str = "Pending",
     ) -> None:
-        """Record ``message`` once per change: on the gang, the claimed nodes, the check."""
+        """Record ``message`` once per change on the gang and the claimed nodes; a Kueue
+        check is set to ``check`` with it at every tick (a no-op when it already is)."""
+        if entry.workload is not None:
+            await self._set_check(entry.workload, checks, check, message)
         if self._said.get(entry.gang.id) == message:
             return
         self._said[entry.gang.id] = message
@@ -525,8 +539,6 @@ class HandoverController:
             node = await self._kube.get_node(name)
             if node is not None:
                 await self._events.record(node, kind, reason, f"{entry.gang.key}: {message}")
-        if entry.workload is not None:
-            await self._set_check(entry.workload, checks, "Pending", message)
 
     async def _record(self, entry: _Held, reason: str, kind: str, message: str) -> None:
         if entry.workload is not None:

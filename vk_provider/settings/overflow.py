@@ -86,6 +86,13 @@ class HandoverConfig(Strict):
         description="Displaced pods no PodDisruptionBudget covers that may be leaving at once.",
     )
     interval_seconds: float = Field(2, gt=0, le=300, description="How often to evaluate.")
+    kueue_retry_seconds: int = Field(
+        30,
+        ge=0,
+        le=86400,
+        description="A Kueue check that cannot pass now is set to Retry: Kueue releases the "
+        "Workload's quota and asks again after this long (requeueAfterSeconds).",
+    )
 
 
 class MoveHomeConfig(Strict):
