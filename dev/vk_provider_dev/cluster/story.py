@@ -226,6 +226,7 @@ class Story:
         self.phase = ""
         self.start = time.monotonic()
         self.held_seconds = 0.0
+        self.arrived_at = 0
 
     def sample(self) -> Sample:
         pods = self.api.items(w.pods_path(NAMESPACE))
@@ -320,6 +321,7 @@ class Story:
         self.enter("inference serves at home")
         self.until(lambda s: s.home == replicas)
         arrived = time.monotonic()
+        self.arrived_at = len(self.samples)  # serving counts from here (before: starting)
         if self.options.handover:
             self.enter("training arrives, held for the hand-over")
             self._gang()
@@ -462,7 +464,7 @@ def run_story(
             f"\n[bold green]The story is over[/]: inference is home, the overflow is closed, "
             f"{instances} cloud instance(s) left."
         )
-        serving = min(s.ready for s in story.samples)
+        serving = min(s.ready for s in story.samples[story.arrived_at :])
         how = "held for the hand-over" if options.handover else "waiting to bind"
         out.print(
             f"  training {how} {story.held_seconds:.0f} s; inference Ready never below "
