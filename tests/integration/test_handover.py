@@ -259,6 +259,15 @@ async def _cleanup(components: FlipComponents, api: KubeClient, namespace: str) 
     await wait_for(emptied, timeout=120, what=f"the pods of {namespace} gone")
 
 
+async def _kueue_gone(components: FlipComponents, objects: list[tuple[str, Any]]) -> None:
+    """Delete the cluster-scoped Kueue objects of ``w.kueue_queue`` (the LocalQueue went with
+    its namespace), newest first, and stop Kueue (its webhooks with it)."""
+    for path, body in reversed(objects[:-1]):
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(components.api.delete, f"{path}/{body['metadata']['name']}")
+    await asyncio.to_thread(components.stop_kueue)
+
+
 async def _gated_gang(components: FlipComponents, namespace: str, training_class: str) -> None:
     group = w.pod_group(
         "train", namespace=namespace, min_count=4, priority_class_name=training_class
@@ -363,10 +372,7 @@ async def test_a_kueue_workload_is_admitted_only_after_inference_moved_and_servi
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
         await _cleanup(components, api, namespace)
-        for path, body in reversed(objects[:-1]):
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(components.api.delete, f"{path}/{body['metadata']['name']}")
-        await asyncio.to_thread(components.stop_kueue)
+        await _kueue_gone(components, objects)
     assert all("NoExecute" not in (e or "") for e in samples.effects), samples.effects
 
 
@@ -608,7 +614,4 @@ async def test_kueue_retries_the_check_while_no_provider_can_take_the_displaced(
         with contextlib.suppress(Exception):
             await asyncio.to_thread(components.api.delete, f"{jobs}/train")
         await _cleanup(components, api, namespace)
-        for path, body in reversed(objects[:-1]):
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(components.api.delete, f"{path}/{body['metadata']['name']}")
-        await asyncio.to_thread(components.stop_kueue)
+        await _kueue_gone(components, objects)

@@ -74,7 +74,7 @@ from vk_provider.domain.handoverworld import (
 )
 from vk_provider.domain.overflow import OverflowState, state_from_taints
 from vk_provider.domain.podview import rfc3339
-from vk_provider.kube.client import ApiError, ConflictError, KubeClient, NotFoundError
+from vk_provider.kube.client import ConflictError, KubeClient, NotFoundError
 from vk_provider.settings.overflow import HandoverConfig
 
 log = logging.getLogger(__name__)
@@ -396,20 +396,8 @@ class HandoverController:
             unbudgeted_leaving=unbudgeted_leaving,
             limit=self._config.evictions_without_budget,
         ):
-            eviction = {
-                "apiVersion": "policy/v1",
-                "kind": "Eviction",
-                "metadata": {"name": pod.name, "namespace": pod.namespace},
-            }
-            path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/eviction"
-            try:
-                await self._kube.request("POST", path, body=eviction)
-            except NotFoundError:
-                continue
-            except ApiError as exc:
-                if exc.status == 429:  # its budget allows no more now: next tick
-                    continue
-                raise
+            if await self._kube.evict_pod(pod.namespace, pod.name) != "evicted":
+                continue  # gone, or its budget allows no more now: next tick
             log.info("hand-over: evicted %s for %s", pod.key, gang.key)
             target = by_key.get(pod.key)
             if target is not None:

@@ -27,7 +27,7 @@ from vk_provider.domain.handoverworld import budgeted, key, node_pod, node_views
 from vk_provider.domain.homecoming import Rented, choose
 from vk_provider.domain.overflow import OverflowState, state_from_taints
 from vk_provider.domain.podview import ANN_PRICE
-from vk_provider.kube.client import ApiError, KubeClient, NotFoundError
+from vk_provider.kube.client import KubeClient
 from vk_provider.settings.overflow import MoveHomeConfig
 
 log = logging.getLogger(__name__)
@@ -108,20 +108,9 @@ class HomecomingController:
 
     async def _evict(self, pod: Rented, body: Mapping[str, Any]) -> bool:
         """Evict ``pod``; False when its budget refused (HTTP 429)."""
-        eviction = {
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": pod.name, "namespace": pod.namespace},
-        }
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/eviction"
-        try:
-            await self._kube.request("POST", path, body=eviction)
-        except NotFoundError:
-            return True
-        except ApiError as exc:
-            if exc.status == 429:  # its budget allows no more now: next tick
-                return False
-            raise
+        outcome = await self._kube.evict_pod(pod.namespace, pod.name)
+        if outcome != "evicted":
+            return outcome == "gone"  # refused: its budget allows no more now, next tick
         message = (
             f"moved home, dearest first: the overflow is closed and this replica cost "
             f"${pod.price:g}/h"

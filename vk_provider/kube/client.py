@@ -502,6 +502,25 @@ class KubeClient:
             )
         )
 
+    async def evict_pod(self, namespace: str, name: str) -> str:
+        """Evict through the Eviction API (PodDisruptionBudgets honoured): "evicted", "gone"
+        (no such pod), or "refused" (its budget allows no disruption now: HTTP 429)."""
+        eviction = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+        try:
+            await self.request("POST", path, body=eviction)
+        except NotFoundError:
+            return "gone"
+        except ApiError as exc:
+            if exc.status == 429:
+                return "refused"
+            raise
+        return "evicted"
+
     # ------------------------------------------------------------------ any path
 
     async def request(
