@@ -27,7 +27,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -114,12 +113,6 @@ def ensure_sshd() -> SshdBinary:
         raise SshdUnavailable(str(exc)) from exc
     _privilege_separation()
     return SshdBinary(extracted.path(SSHD), extracted.library_path)
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((address, 0))
-        return int(probe.getsockname()[1])
 
 
 def _die_with_parent() -> None:

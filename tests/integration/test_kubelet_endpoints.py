@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -32,18 +31,13 @@ from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster import netns
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.metrics_server import MetricsServer
+from vk_provider_dev.cluster.ports import free_port
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
 LOCAL = {"name": "local-a", "offers": DEFAULT_OFFERS, "restart_backoff_seconds": 1}
 MEMORY = {"type": "memory", "name": "mem", "enabled": True, "offers": [DEFAULT_OFFERS[1]]}
 IDLE = [PY, "-c", "import time\nprint('up', flush=True)\nwhile True: time.sleep(0.5)"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def running_agent(

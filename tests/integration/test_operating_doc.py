@@ -39,7 +39,8 @@ import pytest
 from tests.integration.agent_harness import reap_runners
 from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster.binaries import ensure_binaries
-from vk_provider_dev.cluster.cluster import LocalCluster, free_ports
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.ports import free_ports
 
 pytestmark = pytest.mark.integration
 

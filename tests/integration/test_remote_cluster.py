@@ -19,7 +19,6 @@ import fcntl
 import hashlib
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from vk_provider_dev.cluster import netns
 from vk_provider_dev.cluster.binaries import ensure_binaries
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.metrics_server import MetricsServer, ensure_metrics_server
+from vk_provider_dev.cluster.ports import free_port
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -337,12 +337,6 @@ def _by_name(statuses: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]
     return {s["name"]: s for s in statuses or []}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _health_server(port: int, flag: Path) -> list[str]:
     """A container serving /health: 200 once ``flag`` exists, 503 before."""
     script = (
@@ -368,7 +362,7 @@ def _whole_pod(node: str, name: str, shared: Path) -> dict[str, Any]:
         name,
         command=[PY, "-c", f"print(open({str(weights)!r}).read(), flush=True)\n{LOOP}"],
     )
-    port = _free_port()
+    port = free_port()
     pod["spec"]["containers"].append(
         {
             "name": "metrics",
@@ -617,7 +611,7 @@ async def test_port_forward_through_a_reaches_a_server_in_b(
     namespace: str,
     kubectl: Commands,
 ) -> None:
-    port, local = _free_port(), _free_port()
+    port, local = free_port(), free_port()
     pod = pod_on(
         linked_bridge.agent_a.node,
         "server",

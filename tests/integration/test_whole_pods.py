@@ -9,7 +9,6 @@ provider that can only run one container per pod and is cheaper.
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from tests.helpers import wait_for
 from tests.integration.agent_harness import DEFAULT_OFFERS, AgentHarness, AgentProcess, pod_on
 from tests.integration.test_agent import _events, _kubectl, _phase, _pod, _ready_node
 from vk_provider.kube.client import KubeClient
+from vk_provider_dev.cluster.ports import free_port
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -171,12 +171,6 @@ async def test_a_whole_pod_only_a_single_container_provider_may_take_is_invalid(
     assert events and "provider(s) mem cannot" in events[0].message
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _health_server(port: int, flag: Path) -> list[str]:
     """A container serving /health: 200 once ``flag`` exists, 503 before."""
     script = (
@@ -196,7 +190,7 @@ async def test_readiness_drives_ready_and_liveness_restarts_the_container(
     api: KubeClient, kube: ApiClient, namespace: str, agents: AgentHarness, tmp_path: Path
 ) -> None:
     agent = await _agent(agents, api)
-    port, flag = _free_port(), tmp_path / "ready"
+    port, flag = free_port(), tmp_path / "ready"
     readiness = {
         "httpGet": {"port": port, "path": "/health"},
         "periodSeconds": 1,
@@ -208,7 +202,7 @@ async def test_readiness_drives_ready_and_liveness_restarts_the_container(
         command=_health_server(port, flag),
         container={"readinessProbe": readiness},
     )
-    dead_port = _free_port()
+    dead_port = free_port()
     liveness = {"tcpSocket": {"port": dead_port}, "periodSeconds": 1, "failureThreshold": 2}
     dying = pod_on(
         agent.node, "dying", command=[PY, "-c", LOOP], container={"livenessProbe": liveness}

@@ -16,13 +16,13 @@ import pytest
 import yaml
 
 from vk_provider_dev.cluster import flags as f
-from vk_provider_dev.cluster.cluster import free_ports
 from vk_provider_dev.cluster.errors import ClusterError
 from vk_provider_dev.cluster.flip import descheduler as d
 from vk_provider_dev.cluster.flip import ksm, kwok, tools, workloads
 from vk_provider_dev.cluster.flip import prometheus as p
 from vk_provider_dev.cluster.flip.child import ChildProcess, http_ok
 from vk_provider_dev.cluster.flip.deployfiles import DESCHEDULER_POLICY, REPOSITORY
+from vk_provider_dev.cluster.ports import free_ports
 
 # --------------------------------------------------------------------------- cluster flags
 

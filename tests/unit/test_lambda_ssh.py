@@ -39,7 +39,7 @@ from tests.contract.harness_lambda import (
     make_config,
 )
 from tests.helpers import wait_for
-from tests.openssh import Sshd, SshdBinary, SshdUnavailable, ensure_sshd, free_port
+from tests.openssh import Sshd, SshdBinary, SshdUnavailable, ensure_sshd
 from tests.unit import canary
 from tests.workloads import workload
 from vk_provider.domain.containers import ContainerSpec, ContainerState
@@ -50,6 +50,7 @@ from vk_provider_adapters.docker_run import container_name_for, sandbox_name_for
 from vk_provider_adapters.lambda_cloud.adapter import LambdaCloudProvider
 from vk_provider_adapters.lambda_cloud.remote import INSPECT_FORMAT
 from vk_provider_adapters.transport import RetryPolicy
+from vk_provider_dev.cluster.ports import free_port
 
 UID = "5d0c1e2f-3a4b-4c5d-8e9f-0a1b2c3d4e5f"
 

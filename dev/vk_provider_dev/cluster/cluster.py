@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -48,6 +47,7 @@ from vk_provider_dev.cluster.binaries import Binaries
 from vk_provider_dev.cluster.components import ClusterPorts
 from vk_provider_dev.cluster.errors import ClusterError
 from vk_provider_dev.cluster.flags import ClusterFlags, choose_flags
+from vk_provider_dev.cluster.ports import free_ports, port_is_free
 
 SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_IP = "10.0.0.1"
@@ -90,29 +90,6 @@ class ClusterStatus:
     @property
     def healthy(self) -> bool:
         return self.exists and self.apiserver_ready and all(c.running for c in self.components)
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class LocalCluster:

@@ -35,7 +35,8 @@ from vk_provider.settings.paths import state_root
 from vk_provider_adapters.local.adapter import LocalProvider
 from vk_provider_adapters.local.config import LocalProviderConfig
 from vk_provider_dev.cluster.binaries import Binaries
-from vk_provider_dev.cluster.cluster import LocalCluster, free_ports, port_is_free
+from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.ports import free_ports, port_is_free
 
 NODE_NAME = "vk-gpu"
 DEFAULT_REST_PORT = 8080

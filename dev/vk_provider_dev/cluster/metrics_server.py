@@ -44,8 +44,9 @@ from vk_provider_adapters.local.processes import (
 )
 from vk_provider_dev.cluster import pki as pki_mod
 from vk_provider_dev.cluster.binaries import Progress, build_go_program, cache_root
-from vk_provider_dev.cluster.cluster import LocalCluster, free_ports
+from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.errors import ClusterError
+from vk_provider_dev.cluster.ports import free_ports
 
 VERSION = "v0.9.0"
 MODULE = "sigs.k8s.io/metrics-server"

@@ -43,7 +43,7 @@ from rich.console import Console
 from vk_provider.domain.handoverstep import HANDOVER
 from vk_provider.settings.paths import state_root
 from vk_provider_dev.cluster.binaries import Binaries
-from vk_provider_dev.cluster.cluster import LocalCluster, free_ports, port_is_free
+from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.demo import (
     DEFAULT_REST_PORT,
     _quietly,
@@ -55,6 +55,7 @@ from vk_provider_dev.cluster.flags import GANG_SCHEDULING
 from vk_provider_dev.cluster.flip import workloads as w
 from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
 from vk_provider_dev.cluster.flip.tools import FlipTools
+from vk_provider_dev.cluster.ports import free_ports, port_is_free
 from vk_provider_dev.cluster.timeline import HEADER, Sample, line, render_svg, snapshot
 
 NODE_NAME = "vk-gpu"

@@ -26,9 +26,9 @@ from typing import Any, Final
 
 import yaml
 
-from vk_provider_dev.cluster.cluster import free_ports
 from vk_provider_dev.cluster.errors import ClusterError
 from vk_provider_dev.cluster.flip.child import ChildProcess, RunningComponent
+from vk_provider_dev.cluster.ports import free_ports
 
 OVERFLOW_TAINT: Final = "virtual-kubelet.io/provider=vk-provider"
 PLUGIN: Final = "RemovePodsViolatingNodeTaints"

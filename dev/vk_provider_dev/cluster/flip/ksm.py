@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from vk_provider_dev.cluster.cluster import free_ports
 from vk_provider_dev.cluster.flip.child import ChildProcess, RunningComponent, http_ok
+from vk_provider_dev.cluster.ports import free_ports
 
 RESOURCES: Final = ("nodes", "pods")
 NODE_LABELS: Final = ("gpu.pool", "type")

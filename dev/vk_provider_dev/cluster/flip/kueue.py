@@ -36,10 +36,11 @@ from typing import Any, Final
 import yaml
 
 from vk_provider_dev.cluster import pki as pki_mod
-from vk_provider_dev.cluster.cluster import LocalCluster, free_ports
+from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.errors import ClusterError
 from vk_provider_dev.cluster.flip.adminapi import AdminApi
 from vk_provider_dev.cluster.flip.child import ChildProcess, RunningComponent, http_ok
+from vk_provider_dev.cluster.ports import free_ports
 
 JSON = dict[str, Any]
 NAMESPACE: Final = "kueue-system"

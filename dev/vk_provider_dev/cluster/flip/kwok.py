@@ -26,11 +26,11 @@ from typing import Any, Final
 
 import yaml
 
-from vk_provider_dev.cluster.cluster import free_ports
 from vk_provider_dev.cluster.errors import ClusterError
 from vk_provider_dev.cluster.flip.adminapi import JSON, AdminApi
 from vk_provider_dev.cluster.flip.child import ChildProcess, RunningComponent, http_ok
 from vk_provider_dev.cluster.flip.tools import KwokBinary
+from vk_provider_dev.cluster.ports import free_ports
 
 MANAGED_ANNOTATION: Final = ("kwok.x-k8s.io/node", "fake")
 POOL_LABEL: Final = "gpu.pool"

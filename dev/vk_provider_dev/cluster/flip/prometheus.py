@@ -27,9 +27,9 @@ from typing import Any, Final
 import httpx
 import yaml
 
-from vk_provider_dev.cluster.cluster import free_ports
 from vk_provider_dev.cluster.errors import ClusterError
 from vk_provider_dev.cluster.flip.child import ChildProcess, RunningComponent, http_ok
+from vk_provider_dev.cluster.ports import free_ports
 
 DEFAULT_INTERVAL: Final = "2s"
 KSM_JOB: Final = "kube-state-metrics"
