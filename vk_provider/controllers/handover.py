@@ -17,7 +17,11 @@ Pending with quota reserved — take the step ``domain.handoverstep.decide`` say
   ``podSetUpdates`` doing the same;
 - drop a claim once its gang's pods are bound (or the gang is gone).
 
-When a hand-over cannot be done (no placement, no room elsewhere) or runs longer than
+Before a claim, the displaced pods are rehearsed (``rehearse``: ``controllers.rehearsal``):
+when their replacements cannot be placed within the budget caps, or no provider can run or
+has room for one, the gang is held as when there is no room elsewhere.
+
+When a hand-over cannot be done (no placement, no room elsewhere, no money) or runs longer than
 ``timeout_seconds``: policy ``wait`` keeps the training held (a timed-out hand-over drops
 its claims and starts again; a Kueue check goes to Retry with ``requeueAfterSeconds``
 ``kueue_retry_seconds``, so Kueue releases the quota, requeues the Workload and resets the
@@ -36,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -113,6 +117,7 @@ class HandoverController:
         config: HandoverConfig,
         overflow_taint_key: str,
         events: Events,
+        rehearse: Callable[[Sequence[Mapping[str, Any]]], Awaitable[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -121,6 +126,7 @@ class HandoverController:
         self._config = config
         self._overflow_key = overflow_taint_key
         self._events = events
+        self._rehearse = rehearse
         self._clock = clock
         self._wall = wall_clock
         self._started: dict[str, float] = {}  # gang id -> when its hand-over began
@@ -185,6 +191,8 @@ class HandoverController:
                 virtual_room=room,
                 unready_replacements=unready_replacements(pods, owners),
             )
+            if decision.action is Action.CLAIM:
+                decision = await self._afford(decision, by_key)
             decision = await self._act(
                 entry, decision, views, by_key, leaving, overflow_open, checks
             )
@@ -204,6 +212,17 @@ class HandoverController:
             self._said.pop(gone, None)
         self._views = tuple(shown)
         self._open_for = f"the hand-over of {', '.join(active)}" if active else ""
+
+    async def _afford(self, decision: Decision, by_key: Mapping[str, JSON]) -> Decision:
+        """A planned claim, or HOLD when the displaced pods' replacements cannot be placed
+        within the budget caps (``controllers.rehearsal``)."""
+        if self._rehearse is None or decision.plan is None:
+            return decision
+        displaced = [by_key[p.key] for p in decision.plan.displaced if p.key in by_key]
+        missing = await self._rehearse(displaced)
+        if not missing:
+            return decision
+        return Decision(Action.HOLD, f"{missing}: {decision.plan.describe()}", decision.plan)
 
     # --- reading ------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.podwatch import PodStore, PodWatch
 from vk_provider.controllers.preview import PlacementPreview
 from vk_provider.controllers.reconcile import Reconciler
+from vk_provider.controllers.rehearsal import Rehearsal
 from vk_provider.domain.budget import BudgetLedger
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.podview import PodKey
@@ -213,7 +214,16 @@ class Agent:
             node_admin=node_admin,
         )
         flip_events = EventRecorder(kube, node_name=config.node.name)
-        handover = handover_controller(config, kube, events=flip_events, node_admin=node_admin)
+        preview = PlacementPreview(
+            launcher=launcher, offers=offers, node_name=config.node.name, host_ip=address
+        )
+        handover = handover_controller(
+            config,
+            kube,
+            events=flip_events,
+            node_admin=node_admin,
+            rehearsal=Rehearsal(preview, ledger),
+        )
         homecoming = homecoming_controller(config, kube, events=flip_events, node_admin=node_admin)
         overflow = overflow_controller(
             config,
@@ -251,9 +261,7 @@ class Agent:
             overdue=lambda: reconciler.overdue,
             overflow=overflow.view if overflow is not None else None,
             instances=pods.tracker.all,
-            preview=PlacementPreview(
-                launcher=launcher, offers=offers, node_name=config.node.name, host_ip=address
-            ).preview,
+            preview=preview.preview,
         )
         metrics.attach(view)
         rest_cfg = config.rest

@@ -21,6 +21,7 @@ from vk_provider.controllers.homecoming import HomecomingController
 from vk_provider.controllers.overflow import OverflowController
 from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.prometheus import PrometheusSignal
+from vk_provider.controllers.rehearsal import Rehearsal
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
 from vk_provider.settings.agent import AgentConfig
@@ -40,6 +41,7 @@ def handover_controller(
     *,
     events: EventRecorder,
     node_admin: KubeClient | None = None,
+    rehearsal: Rehearsal | None = None,
 ) -> HandoverController | None:
     """The hand-over, when the flip and ``overflow.handover`` are both on. It writes other
     nodes, pods and Workloads, so it uses ``node_admin`` when there is one (identity: node)."""
@@ -52,6 +54,7 @@ def handover_controller(
         config=flip.handover,
         overflow_taint_key=flip.taint_key,
         events=events,
+        rehearse=rehearsal.shortfall if rehearsal is not None else None,
     )
 
 
