@@ -33,7 +33,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
+from tests.integration import shipped_role
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers
+from tests.integration.audit import calls_of, grants_of, unused
 from tests.integration.flip_helpers import (
     LOOP,
     PY,
@@ -48,6 +50,7 @@ from tests.integration.flip_helpers import (
 from vk_provider.domain.handoverstep import HANDOVER
 from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster.cluster import LocalCluster
+from vk_provider_dev.cluster.components import AUDITED_NAMESPACE
 from vk_provider_dev.cluster.flip import workloads as w
 from vk_provider_dev.cluster.flip.stack import FlipComponents, start_flip_components
 
@@ -100,6 +103,7 @@ def _agent(
     move_home: bool = False,
     policy: str = "wait",
     kueue_retry_seconds: int = 30,
+    budget: dict[str, Any] | None = None,
 ) -> AgentProcess:
     """The agent with the flip, the hand-over and (``move_home``) the way home on."""
     chosen = offers or [an_offer("a100", gpus=1, price=1.2, capacity=8)]
@@ -107,6 +111,7 @@ def _agent(
         offer["startup_seconds"] = startup
     return agents.start(
         providers=[{"name": "cloud", "offers": chosen}],
+        budget=budget,
         overflow={
             "enabled": True,
             "prometheus": {"url": components.prometheus.url, "timeout_seconds": 2},
@@ -507,6 +512,58 @@ async def test_wait_holds_the_training_while_no_provider_can_take_the_displaced(
         await _cleanup(components, api, namespace)
 
 
+async def test_wait_holds_the_training_while_the_budget_cap_cannot_pay_the_displaced(
+    components: FlipComponents,
+    gang_agents: AgentHarness,
+    gang_kube: KubeClient,
+    gang_raw: ApiClient,
+) -> None:
+    """Room on the provider but not in the budget (6 replacements at $1.20/h = $7.20/h, the
+    cap $5/h): the training stays gated with a HandoverHeld Event giving both sums, inference
+    untouched, no node claimed, nothing launched; the cap raised, the hand-over completes."""
+    api, raw = gang_kube, gang_raw
+    suffix = uuid.uuid4().hex[:6]
+    agent = _agent(gang_agents, components, startup=2, budget={"global_per_hour": 5.0})
+    await node_ready(api, agent.node, agent)
+    namespace, training_class = await _inference_at_home(api, components, raw, suffix)
+    before = {p["metadata"]["name"] for p in await inference_pods(api, namespace)}
+    try:
+        await _gated_gang(components, namespace, training_class)
+
+        async def held() -> list[Any]:
+            return await _events(raw, namespace, "HandoverHeld")
+
+        (first, *_) = await wait_for(held, timeout=60, interval=0.5, what="HandoverHeld")
+        assert "cost at least $7.20/h" in first.message, first.message
+        assert "global budget cap leaves $5.00/h" in first.message, first.message
+        for _ in range(5):
+            # Nothing must happen: this spans five of the hand-over's 1-s evaluations.
+            await asyncio.sleep(1)
+            pods = await inference_pods(api, namespace)
+            assert {p["metadata"]["name"] for p in pods} == before
+            assert all(is_ready(p) for p in pods)
+            gang = await api.list_pods(namespace=namespace, label_selector="gang=train")
+            assert all(p["spec"].get("schedulingGates") for p in gang)
+            for name in components.nodes:
+                node = await api.get_node(name) or {}
+                assert all(t["key"] != HANDOVER for t in node["spec"].get("taints") or [])
+        assert not await _events(raw, namespace, "HandoverEviction")
+
+        config = yaml.safe_load(agent.config_path.read_text())
+        config["budget"]["global_per_hour"] = 10.0
+        agent.config_path.write_text(yaml.safe_dump(config))
+        assert agent.process is not None
+        agent.process.terminate()
+        agent.process.wait(timeout=60)
+        agent.start()
+        await node_ready(api, agent.node, agent)
+        await _bound_together(api, namespace, "gang=train", 4)
+        assert len(await _events(raw, namespace, "HandoverEviction")) == REPLICAS
+        assert not await _events(raw, namespace, "Preempted")
+    finally:
+        await _cleanup(components, api, namespace)
+
+
 async def test_force_releases_the_training_as_without_a_hand_over(
     components: FlipComponents,
     gang_agents: AgentHarness,
@@ -615,3 +672,21 @@ async def test_kueue_retries_the_check_while_no_provider_can_take_the_displaced(
             await asyncio.to_thread(components.api.delete, f"{jobs}/train")
         await _cleanup(components, api, namespace)
         await _kueue_gone(components, objects)
+
+
+def test_the_handover_role_is_exactly_what_the_hand_overs_above_called(
+    gang_cluster: LocalCluster,
+) -> None:
+    """deploy/rbac-handover.yaml derived from the calls, like deploy/rbac.yaml: in the audit
+    log of this module's control plane (this test runs last: pytest keeps file order), the
+    agents above — every one with the shipped role and the hand-over's — were refused no call,
+    and every grant of the hand-over's role was used by one of them. Run alone, it fails:
+    there are no calls to compare."""
+    calls = calls_of(gang_cluster.audit_log, prefix=f"system:serviceaccount:{AUDITED_NAMESPACE}:")
+    assert calls, f"no agent call in {gang_cluster.audit_log}: run the whole module"
+    refused = sorted({(c.group, c.resource, c.verb, c.namespace) for c in calls if c.code == 403})
+    assert not refused, refused
+    role = [d for d in shipped_role.shipped_documents(handover=True) if d["kind"] == "ClusterRole"]
+    handover = [d for d in role if d["metadata"]["name"] == "vk-provider-handover"]
+    assert handover, "deploy/rbac-handover.yaml has no ClusterRole vk-provider-handover"
+    assert unused(grants_of(handover), calls) == set(), "granted, never called"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,73 +21,13 @@ from kubernetes_asyncio.client.api_client import ApiClient
 from tests.helpers import wait_for
 from tests.integration import shipped_role
 from tests.integration.agent_harness import AgentHarness, pod_on
+from tests.integration.audit import Call, calls_of, grants_of, unused
 from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.components import AUDITED_NAMESPACE
 
 pytestmark = pytest.mark.integration
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
-
-
-@dataclass(frozen=True)
-class Call:
-    group: str
-    resource: str  # "pods" or "pods/status"
-    verb: str
-    namespace: str | None
-    name: str | None
-    code: int
-
-
-@dataclass(frozen=True)
-class Grant:
-    group: str
-    resource: str
-    verb: str
-    namespace: str | None  # None: a ClusterRole's, any namespace and cluster-scoped objects
-    names: tuple[str, ...] | None  # None: any name
-
-    def allows(self, call: Call) -> bool:
-        return (
-            (self.group, self.resource, self.verb) == (call.group, call.resource, call.verb)
-            and (self.namespace is None or self.namespace == call.namespace)
-            and (self.names is None or call.name in self.names)
-        )
-
-
-def calls_of(audit_log: Path, user: str) -> list[Call]:
-    """Every request of ``user`` in the audit log, once each (a watch logs two stages)."""
-    seen: dict[str, Call] = {}
-    for line in audit_log.read_text().splitlines():
-        entry = json.loads(line)
-        if entry.get("user", {}).get("username") != user or "objectRef" not in entry:
-            continue
-        ref = entry["objectRef"]
-        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        seen[entry["auditID"]] = Call(
-            group=ref.get("apiGroup", ""),
-            resource=resource,
-            verb=entry["verb"],
-            namespace=ref.get("namespace"),
-            name=ref.get("name"),
-            code=int(entry.get("responseStatus", {}).get("code") or 0),
-        )
-    return list(seen.values())
-
-
-def grants_of(documents: list[dict[str, Any]]) -> list[Grant]:
-    grants = []
-    for d in documents:
-        if d["kind"] not in ("Role", "ClusterRole"):
-            continue
-        namespace = d["metadata"]["namespace"] if d["kind"] == "Role" else None
-        for rule in d["rules"]:
-            names = tuple(rule["resourceNames"]) if "resourceNames" in rule else None
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    for verb in rule["verbs"]:
-                        grants.append(Grant(group, resource, verb, namespace, names))
-    return grants
 
 
 def test_every_grant_matches_calls_and_every_call_is_granted() -> None:
@@ -113,11 +52,7 @@ def test_every_grant_matches_calls_and_every_call_is_granted() -> None:
     assert [g.verb for g in grants if g.allows(get)] == ["get"]
     assert not any(g.allows(Call("", "pods", "get", "other", "p", 200)) for g in grants)
     assert not any(g.allows(Call("", "nodes", "patch", "ns", "theirs", 200)) for g in grants)
-    assert _unused(grants, [get]) == {("", "pods", "delete"), ("", "nodes", "patch")}
-
-
-def _unused(grants: list[Grant], calls: list[Call]) -> set[tuple[str, str, str]]:
-    return {(g.group, g.resource, g.verb) for g in grants if not any(g.allows(c) for c in calls)}
+    assert unused(grants, [get]) == {("", "pods", "delete"), ("", "nodes", "patch")}
 
 
 def _set_rules(cluster: LocalCluster, role: str, rules: list[dict[str, Any]]) -> None:
@@ -240,7 +175,7 @@ async def test_the_shipped_role_is_exactly_the_calls_of_a_full_run(
     grants = grants_of(shipped_role.render(agent.node))
     ungranted = {c for c in calls if not any(g.allows(c) for g in grants)}
     assert not ungranted, ungranted
-    assert _unused(grants, calls) == set(), "granted, never called"
+    assert unused(grants, calls) == set(), "granted, never called"
 
 
 async def test_a_secret_the_role_does_not_cover_waits_naming_the_missing_grant(

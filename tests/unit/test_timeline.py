@@ -4,8 +4,12 @@ rows, and the picture."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from typing import Any
 
+import pytest
+
+from tests.svg_render import label_boxes, painted_box, render
 from vk_provider_dev.cluster.svgtext import Box
 from vk_provider_dev.cluster.timeline import (
     HEADER,
@@ -139,13 +143,49 @@ def test_the_picture_is_a_standalone_svg_of_the_run() -> None:
     assert "the story &lt;&amp;&gt;" in svg
 
 
-def _boxes(svg: str) -> list[tuple[str, Box]]:
+def crowded_run() -> list[Sample]:
+    """Phases that follow each other within seconds, as in a real run: the names need lanes."""
+    return [
+        Sample(0, "inference serves at home", 6, 0, 0, 0, 6, 32, "closed", 0, ready=6),
+        Sample(2, "training arrives (a gang)", 6, 0, 0, 0, 6, 32, "closed", 0, 6, 4),
+        Sample(3, "hand-over: inference moves", 5, 0, 1, 0, 5, 32, "open", 0, 5, 4),
+        Sample(60, "training runs", 0, 6, 0, 4, 32, 32, "open", 8.0, 6),
+        Sample(61, "overflow opens", 0, 6, 0, 4, 32, 32, "open", 8.0, 6),
+        Sample(150, "training ends", 0, 6, 0, 0, 0, 32, "open", 8.0, 6),
+        Sample(152, "overflow closes", 0, 6, 0, 0, 0, 32, "closed", 8.0, 6),
+        Sample(153, "inference moves home", 3, 3, 0, 0, 3, 32, "closed", 4.0, 6),
+        Sample(200, "done", 6, 0, 0, 0, 6, 32, "closed", 0, 6),
+    ]
+
+
+def spread_run() -> list[Sample]:
+    """Phases 10 to 20 s apart: names that just fit one lane in Helvetica's widths but not in
+    DejaVu Sans' (``training arrives (a gang)`` ran into ``training runs`` when the layout
+    measured Helvetica only)."""
+    times = (0, 59, 71, 86, 104, 149, 155, 174, 200)
+    return [replace(s, t=t) for t, s in zip(times, crowded_run(), strict=True)]
+
+
+RUNS = {"crowded": crowded_run, "spread": spread_run}
+
+
+def _picture(run: str) -> str:
+    return render_svg(RUNS[run](), title="vk-provider: the story", replicas=6, minimum=5)
+
+
+def _size(svg: str) -> tuple[float, float]:
+    root = ET.fromstring(svg)  # noqa: S314 - our own output
+    return float(root.get("width", "0")), float(root.get("height", "0"))
+
+
+def _estimated_boxes(svg: str) -> list[tuple[str, Box]]:
     root = ET.fromstring(svg)  # noqa: S314 - our own output
     boxes = []
     for element in root.iter("{http://www.w3.org/2000/svg}text"):
         text = element.text or ""
         size = float(element.get("font-size", "12"))
-        # 10 % wider than the layout's estimate: a browser's sans-serif may run wider.
+        # 10 % wider than the layout's estimate: room for a font neither Helvetica-like nor
+        # DejaVu Sans, the two the estimate measures.
         box = Box.of_text(
             text,
             x=float(element.get("x", "0")),
@@ -157,25 +197,13 @@ def _boxes(svg: str) -> list[tuple[str, Box]]:
     return boxes
 
 
-def test_no_two_labels_of_the_picture_overlap() -> None:
-    """The legend, the axes' labels and the phase names (several close together, as in a
-    real run where phases follow each other within seconds) never collide, and all stay
-    inside the picture."""
-    samples = [
-        Sample(0, "inference serves at home", 6, 0, 0, 0, 6, 32, "closed", 0, ready=6),
-        Sample(2, "training arrives (a gang)", 6, 0, 0, 0, 6, 32, "closed", 0, 6, 4),
-        Sample(3, "hand-over: inference moves", 5, 0, 1, 0, 5, 32, "open", 0, 5, 4),
-        Sample(60, "training runs", 0, 6, 0, 4, 32, 32, "open", 8.0, 6),
-        Sample(61, "overflow opens", 0, 6, 0, 4, 32, 32, "open", 8.0, 6),
-        Sample(150, "training ends", 0, 6, 0, 0, 0, 32, "open", 8.0, 6),
-        Sample(152, "overflow closes", 0, 6, 0, 0, 0, 32, "closed", 8.0, 6),
-        Sample(153, "inference moves home", 3, 3, 0, 0, 3, 32, "closed", 4.0, 6),
-        Sample(200, "done", 6, 0, 0, 0, 6, 32, "closed", 0, 6),
-    ]
-    svg = render_svg(samples, title="vk-provider: the story", replicas=6, minimum=5)
-    root = ET.fromstring(svg)  # noqa: S314 - our own output
-    width, height = float(root.get("width", "0")), float(root.get("height", "0"))
-    boxes = _boxes(svg)
+@pytest.mark.parametrize("run", RUNS)
+def test_no_two_labels_overlap_by_estimated_metrics(run: str) -> None:
+    """The legend, the axes' labels and the phase names never collide, and all stay inside
+    the picture, by ``svgtext``'s estimate (whatever fonts this machine has)."""
+    svg = _picture(run)
+    width, height = _size(svg)
+    boxes = _estimated_boxes(svg)
     assert len(boxes) >= 20
     for index, (text, box) in enumerate(boxes):
         assert box.x0 >= 0 and box.x1 <= width and box.y1 <= height, text
@@ -183,11 +211,63 @@ def test_no_two_labels_of_the_picture_overlap() -> None:
             assert not box.overlaps(other_box), f"{text!r} overlaps {other!r}"
 
 
+@pytest.mark.parametrize("run", RUNS)
+def test_no_two_labels_overlap_when_rendered_by_resvg(run: str) -> None:
+    """The same, for the pixels a real renderer paints: each label rendered alone by resvg
+    with this machine's fonts (``tests.svg_render``); every label paints something (a label
+    whose fonts are all missing paints nothing and fails here), inside the picture, and no
+    two labels' painted boxes intersect."""
+    svg = _picture(run)
+    width, height = _size(svg)
+    boxes = label_boxes(svg)
+    assert len(boxes) >= 20
+    family = ET.fromstring(svg).get("font-family")  # noqa: S314 - our own output
+    painted: list[tuple[str, Box]] = []
+    for text, box in boxes:
+        assert box is not None, (
+            f"label {text!r} painted nothing: resvg found no installed font for "
+            f"font-family={family!r} (on Debian: apt-get install fonts-dejavu-core)"
+        )
+        assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= width and box.y1 <= height, (
+            f"label {text!r} paints outside the {width:g}x{height:g} picture: {box}"
+        )
+        painted.append((text, box))
+    for index, (text, box) in enumerate(painted):
+        for other, other_box in painted[index + 1 :]:
+            assert not box.overlaps(other_box), f"{text!r} {box} overlaps {other!r} {other_box}"
+
+
 def test_the_overlap_check_sees_a_collision() -> None:
     a = Box.of_text("own GPUs in use", x=800, y=50, size=12)
     b = Box.of_text("shaded: overflow open", x=930, y=50, size=12, anchor="end")
     assert a.overlaps(b)  # the old legend's last two items
     assert not a.overlaps(Box.of_text("x", x=800, y=80, size=12))
+
+
+def test_the_rendered_check_sees_a_collision_an_overflow_and_a_missing_font() -> None:
+    """``label_boxes`` is not vacuous: a rectangle's box is exact, two labels on one spot
+    overlap, a label past the right edge shows as outside, a font that is not installed
+    paints nothing."""
+    assert painted_box(
+        render(
+            '<svg xmlns="http://www.w3.org/2000/svg" width="100" height="50" '
+            'viewBox="0 0 100 50"><rect x="10" y="20" width="30" height="5"/></svg>'
+        )
+    ) == Box(10, 20, 40, 25)
+    svg = (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="200" height="60" viewBox="0 0 200 60" '
+        'font-family="\'DejaVu Sans\', sans-serif" font-size="12">'
+        '<text x="10" y="20">own GPUs in use</text>'
+        '<text x="60" y="24">shaded</text>'
+        '<text x="170" y="50">past the edge</text>'
+        '<text x="10" y="50" font-family="no-such-font">gone</text>'
+        "</svg>"
+    )
+    (_, a), (_, b), (_, past), (_, gone) = label_boxes(svg)
+    assert a is not None and b is not None and past is not None
+    assert a.overlaps(b)
+    assert past.x1 > 200
+    assert gone is None
 
 
 def test_the_ready_line_and_the_minimum_are_drawn() -> None:

@@ -6,7 +6,8 @@ draws the whole run as a picture a person can open in a browser: inference repli
 they run (at home, on the virtual node, waiting) above, with the Ready ones as a line over
 the PodDisruptionBudget's minimum (dashed); the own GPUs in use below, with the time the
 training was held by the hand-over; the time the overflow was open shaded; and the story's
-phases marked. Labels are laid out with ``svgtext`` widths so no two overlap.
+phases marked. Labels are laid out with ``svgtext`` widths, which cover each font the
+picture names (Helvetica-like, DejaVu Sans), so no two overlap.
 
 Invariants: no I/O; a sample counts each inference pod exactly once (at home, on the virtual
 node, or waiting); the SVG is a standalone, well-formed document.
@@ -158,6 +159,10 @@ def line(sample: Sample) -> str:
 _W = 960
 _LEFT, _RIGHT = 70, 30
 _TOP_H, _GAP, _BOT_H = 200, 60, 140  # replicas chart, space, own GPUs chart
+# The fonts ``svgtext`` measures (Helvetica, Arial and its metric twin Liberation Sans) first,
+# then DejaVu Sans, which most Linux machines have: a bare ``sans-serif`` resolves to no font
+# at all in renderers that map it to an absent Arial (resvg does), and the labels vanish.
+_FONTS = "Helvetica, Arial, 'Liberation Sans', 'DejaVu Sans', sans-serif"
 _COLOURS = {
     "home": "#2e7d32",
     "virtual": "#ef6c00",
@@ -270,7 +275,7 @@ def render_svg(
     height = bottom + 12
     parts: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height:.0f}" '
-        f'viewBox="0 0 {_W} {height:.0f}" font-family="sans-serif" font-size="12">',
+        f'viewBox="0 0 {_W} {height:.0f}" font-family="{_FONTS}" font-size="12">',
         f'<rect width="{_W}" height="{height:.0f}" fill="white"/>',
         _text(_LEFT, 28, title, size=16, font_weight="bold"),
         *legend,
