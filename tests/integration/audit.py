@@ -21,6 +21,9 @@ class Call:
     namespace: str | None
     name: str | None
     code: int
+    # RBAC's decision (the audit annotation authorization.k8s.io/decision): a 403 may also
+    # come from admission, e.g. an Event written into a namespace being deleted.
+    forbidden: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ def calls_of(audit_log: Path, user: str | None = None, *, prefix: str = "") -> l
             namespace=ref.get("namespace"),
             name=ref.get("name"),
             code=int(entry.get("responseStatus", {}).get("code") or 0),
+            forbidden=(entry.get("annotations") or {}).get("authorization.k8s.io/decision")
+            == "forbid",
         )
     return list(seen.values())
 
