@@ -24,6 +24,7 @@ class Call:
     # RBAC's decision (the audit annotation authorization.k8s.io/decision): a 403 may also
     # come from admission, e.g. an Event written into a namespace being deleted.
     forbidden: bool = False
+    received: str = ""  # requestReceivedTimestamp: RFC 3339 with microseconds, sorts in order
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ def calls_of(audit_log: Path, user: str | None = None, *, prefix: str = "") -> l
             code=int(entry.get("responseStatus", {}).get("code") or 0),
             forbidden=(entry.get("annotations") or {}).get("authorization.k8s.io/decision")
             == "forbid",
+            received=entry.get("requestReceivedTimestamp") or "",
         )
     return list(seen.values())
 

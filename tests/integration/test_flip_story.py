@@ -1,4 +1,9 @@
-"""The whole story of docs/overflow.md against the real components, asserting each promise.
+"""The flip without the hand-over (``overflow.handover`` off, its default; or policy
+``force``) against the real components, asserting each promise of docs/overflow.md for it.
+The hand-over's story (training held until inference moved, on Kueue and on a gated native
+gang) is ``test_handover.py``'s; ``test_demo_story.py`` runs the demo's, on Kueue. This one
+keeps the signal path honest where nothing holds the training: preemption, the flip's own
+timing, an agent restart and a Prometheus outage while open, the descheduler's way home.
 
 A control plane with native gang scheduling; four KWOK nodes x 8 GPUs (the cluster's own,
 ``gpu.pool=own``); kube-state-metrics and Prometheus with the shipped recording rules; the
