@@ -182,3 +182,78 @@ async def test_budget_cap_holds_under_a_burst_and_frees_room(
 
     await wait_for(refilled, timeout=30, what="waiting pods to take the freed budget")
     assert await spend() <= 10.0 + 1e-9
+
+
+def _gpus(node: dict[str, Any] | None) -> tuple[int, str]:
+    """The node's allocatable GPUs and the heartbeat of the status that says so."""
+    status = (node or {}).get("status") or {}
+    ready = [c for c in status.get("conditions") or [] if c["type"] == "Ready"]
+    beat = ready[0].get("lastHeartbeatTime", "") if ready else ""
+    return int((status.get("allocatable") or {}).get("nvidia.com/gpu", "0")), beat
+
+
+async def test_scaling_past_what_the_providers_can_run_leaves_the_rest_pending_unbound(
+    api: KubeClient, kube: ApiClient, namespace: str, agents: AgentHarness
+) -> None:
+    """One provider with room for 2; 2 pods run, then 4 more arrive at once. The node keeps
+    saying 2 GPUs through placements, offer refreshes and an agent restart (its first status
+    after the restart included), so the scheduler binds none of the 4: they stay Pending,
+    Unschedulable, and no create is refused."""
+    agent = agents.start(providers=[_provider("only", 1.0, 2)], intervals={"offers_ttl_seconds": 1})
+    await _ready(api, agent)
+
+    async def two_gpus() -> bool:
+        return _gpus(await api.get_node(agent.node))[0] == 2
+
+    await wait_for(two_gpus, timeout=60, what="allocatable 2 GPUs")
+    await _create(kube, namespace, agent, ["run-0", "run-1"])
+
+    async def both_running() -> bool:
+        return len(_running(await _pods(api, agent, namespace))) == 2
+
+    await wait_for(both_running, timeout=60, what="2 pods Running")
+    extra = [f"more-{i}" for i in range(4)]
+    await _create(kube, namespace, agent, extra)
+    core = client.CoreV1Api(kube)
+
+    async def unschedulable() -> bool:
+        for name in extra:
+            pod = await core.read_namespaced_pod(name, namespace)
+            assert not pod.spec.node_name, f"{name} bound to {pod.spec.node_name}"
+            scheduled = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+            if not scheduled or scheduled[0].reason != "Unschedulable":
+                return False
+        return True
+
+    await wait_for(unschedulable, timeout=60, what="the 4 extra pods Unschedulable")
+    heartbeats: set[str] = set()
+
+    async def three_statuses_later() -> bool:
+        gpus, beat = _gpus(await api.get_node(agent.node))
+        assert gpus == 2, f"allocatable {gpus} GPUs at {beat}"
+        assert await unschedulable(), "an extra pod was scheduled"
+        heartbeats.add(beat)
+        return len(heartbeats) > 3
+
+    # Status writes every 5 s, offers refreshed every second meanwhile.
+    await wait_for(three_statuses_later, timeout=90, interval=0.2, what="3 more node statuses")
+
+    assert agent.process is not None
+    agent.process.kill()
+    agent.process.wait(timeout=30)
+    before = _gpus(await api.get_node(agent.node))[1]
+    agent.start()
+    heartbeats = {before}
+
+    async def first_status_after_restart() -> bool:
+        gpus, beat = _gpus(await api.get_node(agent.node))
+        if beat in heartbeats:
+            return False
+        assert gpus == 2, f"the first status after the restart said {gpus} GPUs"
+        return True
+
+    await wait_for(first_status_after_restart, timeout=90, interval=0.1, what="a fresh status")
+    heartbeats.clear()
+    await wait_for(three_statuses_later, timeout=90, interval=0.2, what="3 more node statuses")
+    assert not await _events(kube, namespace, "ProviderCreateFailed")
+    assert not await _events(kube, namespace, "NoCapacity")

@@ -533,3 +533,59 @@ async def test_a_fresh_answer_with_room_lifts_an_older_capacity_block_only() -> 
     # An answer asked for after the refusal that shows room lifts the block.
     assert r.launcher.capacity_seen(room, r.clock()) == [A1.key]
     assert A1.key not in r.launcher.blocked()
+
+
+class RoomedProvider(ScriptedProvider):
+    """Refuses a create (``CapacityUnavailable``) once an offer's slots are used up."""
+
+    def __init__(self, name: str, slots: Mapping[str, int]) -> None:
+        super().__init__(name, yields=3)
+        self.slots = dict(slots)
+        self.refused = 0
+
+    async def create(self, spec: WorkloadSpec, offer: Offer) -> Instance:
+        made = await super().create(spec, offer)
+        if self.slots[offer.key] <= 0:
+            self.refused += 1
+            raise CapacityUnavailable(f"{offer.key} is full")
+        self.slots[offer.key] -= 1
+        return made
+
+
+async def test_pods_placed_together_spread_over_offers_with_one_create_each() -> None:
+    """Five pods at once on offers with 2, 2 and 4 free: the creates under way count against
+    their offer's room, so the two cheapest fill up and the fifth goes to the third; no
+    create is refused, and each pod was offered its cheapest offer with room left."""
+    cheap, mid, dear = (
+        offer("alpha", "cheap", 1.0, available=2),
+        offer("alpha", "mid", 1.5, available=2),
+        offer("alpha", "dear", 2.0, available=4),
+    )
+    provider = RoomedProvider("alpha", {cheap.key: 2, mid.key: 2, dear.key: 4})
+    r = rig(provider)
+    results = await asyncio.gather(
+        *(r.launcher.launch(spec(f"pod-{i}"), REQUEST, [cheap, mid, dear]) for i in range(5))
+    )
+    assert all(res.launched and not res.attempts for res in results), results
+    assert len(provider.calls) == 5 and provider.refused == 0, provider.calls
+    assert sorted(provider.calls) == sorted([cheap.key] * 2 + [mid.key] * 2 + [dear.key])
+    # Until the providers are asked again, the room stays taken: a sixth pod sees only the
+    # dear offer, and the explanation says why the others were refused.
+    plan = r.launcher.plan(REQUEST, [cheap, mid, dear], namespace="ml")
+    assert [o.key for o in plan.order] == [dear.key]
+    assert dict(plan.placement.removed)["taken"] == 2
+
+
+async def test_room_taken_by_creates_is_given_back_by_a_refusal_and_by_the_next_answer() -> None:
+    only = offer("alpha", "only", 1.0, available=1)
+    provider = RoomedProvider("alpha", {only.key: 0})  # the answer was stale: it is full
+    r = rig(provider)
+    refused = await r.launcher.launch(spec("pod-1"), REQUEST, [only])
+    assert not refused.launched and r.launcher.room.taken() == {}
+    provider.slots[only.key] = 1
+    r.launcher.capacity_freed(only.key)  # the "no capacity" block of that refusal lifted
+    made = await r.launcher.launch(spec("pod-2"), REQUEST, [only])
+    assert made.launched and r.launcher.room.taken() == {only.key: 1}
+    r.launcher.room.asking({})
+    r.launcher.room.answered()  # asked after the create: the answer counts it
+    assert r.launcher.room.taken() == {}

@@ -178,6 +178,7 @@ class Scenario:
     priorities: dict[str, int]
     policy: PlacementPolicy
     capabilities: dict[str, Capabilities] = field(default_factory=dict)
+    taken: dict[str, int] = field(default_factory=dict)
 
     def run(self, offers: Sequence[Offer] | None = None) -> Placement:
         return place(
@@ -189,6 +190,7 @@ class Scenario:
             priorities=self.priorities,
             policy=self.policy,
             capabilities=self.capabilities,
+            taken=self.taken,
         )
 
 
@@ -202,6 +204,7 @@ POLICIES = policies()
 CAPABILITY_MAPS = capability_maps()
 PRIORITIES = st.dictionaries(st.sampled_from(PROVIDER_NAMES), st.integers(-2, 2))
 PICKS = st.lists(st.integers(0, 63), max_size=4)
+TAKEN = st.lists(st.tuples(st.integers(0, 63), st.integers(1, 3)), max_size=3)
 
 
 @st.composite
@@ -219,6 +222,8 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         priorities=draw(PRIORITIES),
         policy=draw(POLICIES),
         capabilities=draw(CAPABILITY_MAPS),
+        # Creates under way on some offers (the room of domain.room): up to 3 each.
+        taken={offers[i % len(offers)].key: n for i, n in draw(TAKEN)} if offers else {},
     )
 
 
@@ -282,6 +287,7 @@ def checks(s: Scenario) -> dict[str, Callable[[Offer], bool]]:
         "capacity-type": capacity_ok,
         "price": lambda o: r.max_price_per_hour is None or o.price_per_hour <= r.max_price_per_hour,
         "sold-out": lambda o: o.available >= 1,
+        "taken": lambda o: o.available - s.taken.get(o.key, 0) >= 1,
         "provider-health": lambda o: s.health.get(o.provider, ProviderHealth()).callable,
         "blocked": lambda o: o.key not in s.blocked and o.provider not in s.blocked,
         "budget": room_ok,
@@ -302,7 +308,8 @@ def first_failing(s: Scenario, offer: Offer) -> str | None:
 def order_key(s: Scenario, offer: Offer) -> tuple[float, float, int, str]:
     """(price after penalties, price, -priority, key), from the ``PlacementPolicy`` fields."""
     p = s.policy
-    low = p.low_availability_penalty if offer.available == 1 else 0.0
+    # Its last instance: the room left once the creates under way on it are counted.
+    low = p.low_availability_penalty if offer.available - s.taken.get(offer.key, 0) == 1 else 0.0
     slow = min(offer.startup_seconds / 60.0 * p.startup_penalty_per_minute, p.startup_penalty_cap)
     failures = s.health.get(offer.provider, ProviderHealth()).recent_failures
     sick = min(failures * p.failure_penalty, p.failure_penalty_cap)
@@ -403,7 +410,7 @@ def test_penalties_add_up_to_the_score(s: Scenario) -> None:
     for offer in s.offers:
         health = s.health.get(offer.provider, ProviderHealth())
         parts = penalties(offer, health, s.policy)
-        if offer.available >= 1:  # a sold-out offer is never ranked
+        if offer.available >= 1 and not s.taken.get(offer.key):  # ranked by its own room
             assert score(offer, health, s.policy) == order_key(s, offer)[0]
         assert score(offer, health, s.policy) == offer.price_per_hour * (1.0 + parts.total)
 

@@ -21,9 +21,10 @@ provider and request id, every cap checked); an answered refusal releases the ho
 failure leaves it "uncertain" until the provider's next listing says whether the instance
 exists, so a lost answer can never let a cap be passed; blocked entries expire by the
 injected clock; an offer or provider blocked during the walk is not called again in the same
-walk; ``plan`` (the ranking
-and the walk's order) has no effects, and the placement dry run (``controllers.preview``)
-uses it as ``launch`` does.
+walk; an offer's room that creates under way (or made since the providers answered) use is
+not offered again (``domain.room``: each create is claimed before it goes out and settled
+when it answers); ``plan`` (the ranking and the walk's order) has no effects, and the
+placement dry run (``controllers.preview``) uses it as ``launch`` does.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from vk_provider.domain.placement import (
     ProviderHealth,
     place,
 )
+from vk_provider.domain.room import Room
 from vk_provider.settings.agent import PlacementConfig
 
 
@@ -121,6 +123,9 @@ class Launcher:
         self._blocked: dict[str, float] = {}  # offer key or provider name -> until
         self._capacity_blocked_at: dict[str, float] = {}  # offer key -> when it said "full"
         self._avoided: dict[str, float] = {}  # offer key -> until (an instance was lost there)
+        # Creates under way or made since the providers last answered (the offer book tells
+        # it when it asks and when they answer): their room is not offered twice.
+        self.room = Room()
 
     def block(self, key: str, seconds: float) -> None:
         """Skip an offer (or a whole provider) for a while: it said no capacity / no auth."""
@@ -202,6 +207,7 @@ class Launcher:
             priorities=self._priorities,
             policy=self._settings.policy,
             capabilities=self.capabilities,
+            taken=self.room.taken(),
         )
         candidates = list(placement.candidates)
         if prefer:
@@ -213,10 +219,12 @@ class Launcher:
         """A create failed: an answered refusal made nothing, so its hold goes; any other
         failure (no answer, a 5xx, a timeout) may have made the instance, which stays
         counted until its provider's listing says whether it exists."""
-        if isinstance(error, ANSWERED_REFUSALS):
+        answered = isinstance(error, ANSWERED_REFUSALS)
+        if answered:
             self.ledger.refused(offer.provider, request)
         else:
             self.ledger.unanswered(offer.provider, request)
+        self.room.settled(request, made=not answered)
 
     async def launch(
         self,
@@ -247,6 +255,8 @@ class Launcher:
                 # Blocked during this walk (an AuthFailed blocks the provider's other offers
                 # too): not a candidate any more, and it does not use up a place in the walk.
                 continue
+            if offer.available <= self.room.taken().get(offer.key, 0):
+                continue  # a concurrent placement took its last room during this walk
             walked += 1
             if not self.ledger.reserve(
                 spec.request_id,
@@ -258,6 +268,7 @@ class Launcher:
             ):
                 budget_skipped += 1  # a concurrent placement took the room meanwhile
                 continue
+            self.room.claim(spec.request_id, uid=spec.pod_uid, offer_key=offer.key)
             try:
                 instance = await self._providers[offer.provider].create(spec, offer)
             except ProviderError as exc:
@@ -277,7 +288,9 @@ class Launcher:
             except BaseException:
                 # Cancelled or crashed while the create was out: it may have been made.
                 self.ledger.unanswered(offer.provider, spec.request_id)
+                self.room.settled(spec.request_id, made=True)
                 raise
             self.ledger.created(offer.provider, spec.request_id)
+            self.room.settled(spec.request_id, made=True)
             return LaunchResult(placement, tuple(attempts), instance=instance, offer=offer)
         return LaunchResult(placement, tuple(attempts), budget_skipped=budget_skipped)

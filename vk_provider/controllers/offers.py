@@ -60,6 +60,7 @@ class OfferBook:
         self._generation = 0  # completed refreshes, so waiting callers can share one
         self._index = OfferIndex(())
         self._listeners: list[Callable[[OfferIndex, float], None]] = []
+        self._asking: list[Callable[[], None]] = []
         self._lock = asyncio.Lock()
 
     async def _ask(self, name: str, provider: Provider) -> ProviderAnswer:
@@ -82,7 +83,14 @@ class OfferBook:
         the providers were asked (what they said is no older than that)."""
         self._listeners.append(listener)
 
+    def on_asking(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` just before every refresh asks the providers (one refresh at
+        a time, so each ask is answered, through ``on_refresh``, before the next)."""
+        self._asking.append(listener)
+
     async def _refresh_locked(self) -> None:
+        for listener in self._asking:
+            listener()
         asked_at = self._clock()
         names = list(self._providers)
         answers = await asyncio.gather(*(self._ask(n, self._providers[n]) for n in names))

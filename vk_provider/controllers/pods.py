@@ -156,6 +156,7 @@ class PodController:
         self._memory: dict[PodKey, PodMemory] = {}
         self._api_failed: set[PodKey] = set()  # last sync failed against the API server
         self._available: dict[str, int] = {}  # offer key -> available, at the last refresh
+        offers.on_asking(lambda: self._launcher.room.asking(self.placed_holdings()))
         offers.on_refresh(self._offers_refreshed)
         self._write = PodWriter(
             kube,
@@ -283,6 +284,7 @@ class PodController:
     def _offers_refreshed(self, index: OfferIndex, asked_at: float) -> None:
         """Fresh offers: capacity blocks they contradict are lifted, and when any offer has
         more room than before, the pods waiting for capacity try again now."""
+        self._launcher.room.answered()
         lifted = self._launcher.capacity_seen(index, asked_at)
         available: dict[str, int] = {}
         for offer in index:
@@ -323,16 +325,18 @@ class PodController:
         """GPUs each live pod on the node requests (the flip's "enough free to go home")."""
         return [self._store.held(pod.key).gpus for pod in self._store.views() if not pod.terminal]
 
-    def held_resources(self) -> tuple[float, float, float]:
-        """GPUs, vCPUs and GiB requested by the node's live, placed pods (node capacity)."""
-        total = Held()
-        for pod in self._store.views():
-            if pod.terminal or pod.placed is None:
-                continue
-            held = self._store.held(pod.key)
-            total = Held(
-                total.gpus + held.gpus, total.cpu + held.cpu, total.memory_gib + held.memory_gib
-            )
+    def placed_holdings(self) -> dict[str, Held]:
+        """What each live, placed pod of the node requests, by pod uid."""
+        return {
+            pod.uid: self._store.held(pod.key)
+            for pod in self._store.views()
+            if not pod.terminal and pod.placed is not None
+        }
+
+    def reflected_resources(self) -> tuple[float, float, float]:
+        """GPUs, vCPUs and GiB the providers' last answer counts as our pods' (node
+        capacity: that answer's free room plus this, ``domain.room``)."""
+        total = self._launcher.room.reflected(self.placed_holdings())
         return total.gpus, total.cpu, total.memory_gib
 
     # ------------------------------------------------------------------ workers

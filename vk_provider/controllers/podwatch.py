@@ -146,6 +146,16 @@ class PodWatch:
         self._timeout = timeout_seconds
         self._retry = retry_seconds
         self.live = asyncio.Event()
+        self._primed: str | None = None  # the version of prime()'s list, for run() to use
+
+    async def prime(self) -> None:
+        """List once before the node reports its first status, so the pods already placed
+        (adopted after a restart) are known, and counted in its capacity, from the start;
+        ``run`` then watches on from this list's version instead of listing again."""
+        pods, version = await self._kube.list_node_pods(self._node)
+        self._relisted(pods)
+        self._primed = version
+        self.live.set()
 
     def _relisted(self, pods: list[JSON]) -> None:
         listed = {pod_key(p) for p in pods}
@@ -176,8 +186,11 @@ class PodWatch:
         """List, then watch from the list's version; re-list on 410 or a dropped watch."""
         while True:
             try:
-                pods, version = await self._kube.list_node_pods(self._node)
-                self._relisted(pods)
+                if self._primed is not None:
+                    version, self._primed = self._primed, None
+                else:
+                    pods, version = await self._kube.list_node_pods(self._node)
+                    self._relisted(pods)
                 self.live.set()
                 self._on_listed()
                 while True:

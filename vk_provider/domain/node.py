@@ -51,11 +51,14 @@ def node_capacity(
     caps: NodeCaps,
     held: tuple[float, float, float] = (0.0, 0.0, 0.0),
 ) -> NodeResources:
-    """What the providers can give right now plus what the node's pods hold, within the caps.
+    """What the providers can give us: their free room plus what our pods held, within caps.
 
-    Offers describe *free* capacity (adapters subtract the instances already running), while
-    the scheduler subtracts the requests of the pods already on the node: so the node's
-    capacity is the free part plus ``held`` (GPUs, vCPUs, GiB of the node's live pods).
+    Offers describe *free* capacity as of when the providers were asked (adapters subtract
+    the instances already running, ours included), while the scheduler subtracts the
+    requests of the pods on the node: so the node's capacity is the free part plus ``held``,
+    what the providers' answer counts as our pods' (GPUs, vCPUs, GiB; ``domain.room``). A
+    pod placed after that answer is not in ``held`` (the answer still shows its room free),
+    so it is counted once, by the scheduler, never twice.
 
     Offers of one provider, region and GPU model usually draw on one pool (1x, 2x, 4x and 8x
     shapes of the same machines), so a pool counts once, by its largest offer; distinct

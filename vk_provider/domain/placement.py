@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vk_provider.domain.budget import BudgetView
 from vk_provider.domain.models import Capabilities, Offer, WorkloadSpec
@@ -125,6 +125,7 @@ FILTERS: tuple[str, ...] = (
     "capacity-type",
     "price",
     "sold-out",
+    "taken",
     "provider-health",
     "blocked",
     "budget",
@@ -233,8 +234,13 @@ def place(
     priorities: Mapping[str, int] | None = None,
     policy: PlacementPolicy = PlacementPolicy(),  # frozen, so one shared default is safe
     capabilities: Mapping[str, Capabilities] | None = None,
+    taken: Mapping[str, int] | None = None,
 ) -> Placement:
     """Filter ``offers`` by ``request`` and rank them; see the module docstring.
+
+    ``taken`` (per offer key) is the room of each offer that creates under way, or made
+    since the providers answered, already use (``domain.room``): an offer with none left is
+    refused ("taken"), and one with one left ranks as its last instance.
 
     ``offers`` is best an ``OfferIndex`` built once for many decisions (the offer book keeps
     one); plain offers are indexed on the way. ``capabilities`` (per provider) decide which
@@ -251,7 +257,7 @@ def place(
         if not remaining:
             removed.append((name, 0))
             continue
-        mask = _mask(name, request, index, blocked, states, budget, capabilities or {})
+        mask = _mask(name, request, index, blocked, states, budget, capabilities or {}, taken or {})
         kept = remaining if mask is None else remaining & mask
         gone = remaining ^ kept
         removed.append((name, gone.bit_count()))
@@ -279,7 +285,11 @@ def place(
     for i in bits(remaining):
         offer = index.offers[i]
         price = offer.price_per_hour
-        value = price * (1.0 + (static[i] + failures[offer.provider]))
+        fixed = static[i]
+        if taken and taken.get(offer.key):
+            left = replace(offer, available=offer.available - taken[offer.key])
+            fixed = _static_penalty(left, policy)
+        value = price * (1.0 + (fixed + failures[offer.provider]))
         ranked.append((value, price, -prio.get(offer.provider, 0), offer.key, i))
     ranked.sort()
     return Placement(
@@ -306,6 +316,7 @@ def _mask(
     health: Mapping[str, ProviderHealth],
     budget: BudgetView | None,
     capabilities: Mapping[str, Capabilities],
+    taken: Mapping[str, int],
 ) -> int | None:
     """The offers that pass filter ``name``; None when every offer does."""
     if name == "provider":
@@ -338,6 +349,13 @@ def _mask(
         return None if limit is None else index.price_at_most(limit)
     if name == "sold-out":
         return index.in_stock
+    if name == "taken":
+        used = 0
+        for key, count in taken.items():
+            for i in bits(index.keys.get(key, 0)):
+                if index.offers[i].available <= count:
+                    used |= 1 << i
+        return index.all ^ used if used else None
     if name == "provider-health":
         down = [p for p in index.providers if not health.get(p, _HEALTHY).callable]
         return index.all ^ index.union(index.providers, down) if down else None

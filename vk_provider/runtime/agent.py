@@ -209,7 +209,7 @@ class Agent:
             responsive=lambda within: {
                 name for name, p in guarded.items() if p.answered_within(within)
             },
-            held=pods.held_resources,
+            held=pods.reflected_resources,
             flip_taint=flip_taint(config),
             node_admin=node_admin,
         )
@@ -350,6 +350,8 @@ class Agent:
         await self.kubelet_api.start()
         # The node advertises the port actually bound (0 in tests means "any free port").
         self.node.kubelet_port = self.kubelet_api.port
+        # The pods first, then the offers: the first status counts what adopted pods hold.
+        await self.watch.prime()
         await self.offers.refresh()
         await self.node.register()
         log.info(
