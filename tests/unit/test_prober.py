@@ -150,6 +150,39 @@ async def test_a_failing_liveness_probe_restarts_the_container(free_port: int) -
     assert provider.calls["create"] == 1  # restarted in place, never relaunched
 
 
+async def test_a_pod_the_agent_stops_is_probed_as_terminating_with_no_warning(
+    health: Health,
+) -> None:
+    """A pod being deleted whose server stops answering on its way out: readiness follows it
+    (Ready goes False) but no Unhealthy Warning is recorded and liveness restarts nothing,
+    as a kubelet probes a terminating pod."""
+    core, provider = agent_core()
+    probe = {"httpGet": {"port": health.port, "path": "/health"}, "periodSeconds": 1}
+    health.status = 200
+    provider.terminate_seconds = 6.0  # the container runs on while it stops
+    async with core.running():
+        await core.kube.create_pod(
+            probed_pod(
+                "leaving",
+                readinessProbe={**probe, "failureThreshold": 1},
+                livenessProbe={**probe, "failureThreshold": 1},
+            )
+        )
+        await core.until(
+            lambda: core.condition("leaving", "Ready") == "True", within=30, what="Ready"
+        )
+        await core.kube.request_deletion("ns", "leaving", grace=30)
+        await core.until(lambda: "Killing" in core.kube.reasons("leaving"), what="stopping")
+        health.status = 503  # the server shuts down with its container
+        hits = health.hits
+        await core.until(lambda: health.hits >= hits + 2, within=30, what="probed meanwhile")
+        await core.until(
+            lambda: core.kube.pod("ns", "leaving") is None, within=60, what="pod deleted"
+        )
+    assert not events(core, "Unhealthy"), events(core, "Unhealthy")
+    assert provider.calls.get("restart_container", 0) == 0
+
+
 async def test_a_startup_probe_holds_readiness_until_it_passes(health: Health) -> None:
     core, _ = agent_core()
     startup = {

@@ -15,6 +15,10 @@ whole pod's status: that starts probing a container run it has not seen (a new s
 or restart count), stops probing containers that no longer run, and returns the current
 verdicts. A verdict that changes calls ``on_change(pod key)`` so the status is rewritten.
 
+While the agent stops a pod (``stopping``), as a kubelet for a terminating pod: liveness and
+startup probes stop, readiness goes on until the container is gone, and no failure is a
+Warning (the container fails because it is being stopped).
+
 Invariants: one set of probe tasks per container run, cancelled when the run ends, the pod
 is forgotten, or the prober closes; a probe's outcome never raises out of a task.
 """
@@ -115,6 +119,7 @@ class Prober:
             headers={"Connection": "close"},
         )
         self._runs: dict[str, dict[str, _Run]] = {}  # pod uid -> container -> run
+        self._stopping: set[str] = set()  # pod uids whose containers the agent is stopping
 
     # --- what the status writer asks ----------------------------------------------------
 
@@ -138,7 +143,16 @@ class Prober:
             runs[name] = self._start(pod, instance, status, container_probes, identity)
         return {name: run.verdict for name, run in runs.items()}
 
+    def stopping(self, uid: str) -> None:
+        """The agent is stopping the pod's containers (deletion, eviction, a move home): as a
+        kubelet does for a terminating pod, liveness and startup probes stop (no restart of
+        a container on its way out); readiness goes on until the container is gone, so the
+        pod's endpoints stop serving as it does, and its failures are no Warning: the
+        container fails because it is being stopped."""
+        self._stopping.add(uid)
+
     def forget(self, uid: str) -> None:
+        self._stopping.discard(uid)
         for run in self._runs.pop(uid, {}).values():
             run.cancel()
 
@@ -201,6 +215,11 @@ class Prober:
             return Outcome(False, f"{type(exc).__name__}: {exc}")
 
     async def _unhealthy(self, pod: PodView, kind: str, container: str, message: str) -> None:
+        if pod.uid in self._stopping:
+            log.debug(
+                "%s probe of %s/%s/%s failed while stopping: %s", kind, *pod.key, container, message
+            )
+            return
         text = f"{kind} probe failed: {message}" if message else f"{kind} probe failed"
         event = explain.Event(explain.WARNING, UNHEALTHY, f"[{container}] {text}")
         await self._events(pod, event)
@@ -246,6 +265,8 @@ class Prober:
         counter = ProbeCounter.startup(probe)
         await asyncio.sleep(probe.initial_delay_seconds)
         while True:
+            if pod.uid in self._stopping:
+                return False  # on its way out: it will not be started, nor restarted
             outcome = await self._outcome(probe, instance, container)
             counter.observe(outcome.ok)
             if counter.verdict is True:
@@ -275,6 +296,8 @@ class Prober:
         counter = ProbeCounter.liveness(probe)
         await asyncio.sleep(probe.initial_delay_seconds)
         while True:
+            if pod.uid in self._stopping:
+                return  # a terminating container is not restarted
             outcome = await self._outcome(probe, instance, container)
             counter.observe(outcome.ok)
             if not outcome.ok:

@@ -43,6 +43,10 @@ class ProbeVerdicts(Protocol):
         """The probes' verdicts for the pod's containers (and make sure they are probed)."""
         ...
 
+    def stopping(self, uid: str) -> None:
+        """The agent is stopping the pod: probe as for a terminating pod."""
+        ...
+
     def forget(self, uid: str) -> None:
         """The pod no longer runs: stop probing it."""
         ...
@@ -185,6 +189,9 @@ class StatusReporter:
         await self._write.status(
             pod, lost_view(pod, lost), phase="Failed", reason="InstanceLost", message=message
         )
+
+    def stopping(self, uid: str) -> None:
+        self._probes.stopping(uid)
 
     def forget(self, uid: str) -> None:
         self._probes.forget(uid)

@@ -105,6 +105,7 @@ class Terminator:
         placed = pod.placed
         assert placed is not None  # TERMINATE is only decided for a placed pod
         instance = sighting.instance
+        self._report.stopping(pod.uid)
         if instance is None or instance.state is not InstanceState.TERMINATING:
             killing = explain.Event(
                 explain.NORMAL, explain.KILLING, f"Stopping container {pod.container_name}"
