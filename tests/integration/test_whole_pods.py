@@ -261,42 +261,93 @@ async def test_readiness_drives_ready_and_liveness_restarts_the_container(
     assert pod["metadata"]["annotations"]["vk-provider.io/instance-id"].endswith("-0")
 
 
-async def test_missing_references_wait_with_a_reason_and_optional_ones_are_noted(
+async def test_missing_references_are_reported_as_virtual_kubelet_does_until_they_appear(
     api: KubeClient, kube: ApiClient, namespace: str, agents: AgentHarness
 ) -> None:
+    """One pod reading two mandatory keys and four optional ones: while a mandatory Secret,
+    ConfigMap or key is missing it waits in CreateContainerConfigError with virtual-kubelet's
+    Event for it (all four Mandatory reasons, one after the other as each appears), nothing
+    is created; then it runs, with the four Optional reasons and InvalidEnvironmentVariableNames
+    for the envFrom keys that cannot be variables."""
     agent = await _agent(agents, api)
+
+    def ref(kind: str, name: str, key: str, *, optional: bool = False) -> dict[str, Any]:
+        return {kind: {"name": name, "key": key} | ({"optional": True} if optional else {})}
+
     env = [
-        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "api-token", "key": "t"}}},
-        {
-            "name": "EXTRA",
-            "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "x", "optional": True}},
-        },
+        {"name": "TOKEN", "valueFrom": ref("secretKeyRef", "api-token", "t")},
+        {"name": "CONF", "valueFrom": ref("configMapKeyRef", "settings", "c")},
+        {"name": "O1", "valueFrom": ref("secretKeyRef", "absent-s", "x", optional=True)},
+        {"name": "O2", "valueFrom": ref("configMapKeyRef", "absent-c", "x", optional=True)},
+        {"name": "O3", "valueFrom": ref("secretKeyRef", "api-token", "nokey", optional=True)},
+        {"name": "O4", "valueFrom": ref("configMapKeyRef", "settings", "nokey", optional=True)},
     ]
     pod = pod_on(
         agent.node,
         "refs",
         command=[PY, "-c", "import os; print(os.environ['TOKEN'], flush=True)\n" + LOOP],
-        container={"env": env},
+        container={"env": env, "envFrom": [{"configMapRef": {"name": "names"}}]},
     )
     core = client.CoreV1Api(kube)
+    await core.create_namespaced_config_map(
+        namespace,
+        client.V1ConfigMap(metadata=client.V1ObjectMeta(name="names"), data={"9bad": "x"}),
+    )
     await core.create_namespaced_pod(namespace, pod)
 
-    async def waiting() -> dict[str, Any] | None:
+    async def waiting_with(reason: str) -> dict[str, Any] | None:
         found = await _pod(api, namespace, "refs")
+        assert found["status"].get("phase") == "Pending"
+        assert not found["metadata"].get("annotations", {}).get("vk-provider.io/instance-id")
         (status,) = found["status"].get("containerStatuses") or [{}]
-        return (status.get("state") or {}).get("waiting")
+        state = (status.get("state") or {}).get("waiting")
+        if not state or state.get("reason") != "CreateContainerConfigError":
+            return None
+        events = [e for e in await _events(kube, namespace) if e.reason == reason]
+        return {"state": state, "event": events[0]} if events else None
 
-    state = await wait_for(waiting, timeout=60, what="refs waiting")
-    assert state["reason"] == "CreateContainerConfigError"
-    assert "Secret 'api-token' not found" in state["message"]
-    reasons = {e.reason for e in await _events(kube, namespace)}
-    assert "CreateContainerConfigError" in reasons
-
+    seen = await wait_for(lambda: waiting_with("MandatorySecretNotFound"), timeout=60, what="1")
+    assert seen["event"].type == "Warning"
+    assert seen["event"].message == 'secret "api-token" not found'
     await core.create_namespaced_secret(
         namespace,
-        client.V1Secret(metadata=client.V1ObjectMeta(name="api-token"), string_data={"t": "s3"}),
+        client.V1Secret(metadata=client.V1ObjectMeta(name="api-token"), string_data={"u": "1"}),
     )
+    seen = await wait_for(lambda: waiting_with("MandatorySecretKeyNotFound"), timeout=90, what="2")
+    assert seen["event"].message == 'key "t" does not exist in secret "api-token"'
+    await core.patch_namespaced_secret("api-token", namespace, {"stringData": {"t": "s3"}})
+    seen = await wait_for(lambda: waiting_with("MandatoryConfigMapNotFound"), timeout=90, what="3")
+    assert seen["event"].message == 'configmap "settings" not found'
+    await core.create_namespaced_config_map(
+        namespace,
+        client.V1ConfigMap(metadata=client.V1ObjectMeta(name="settings"), data={"d": "x"}),
+    )
+    seen = await wait_for(
+        lambda: waiting_with("MandatoryConfigMapKeyNotFound"), timeout=90, what="4"
+    )
+    assert seen["event"].message == 'key "c" does not exist in configmap "settings"'
+    await core.patch_namespaced_config_map("settings", namespace, {"data": {"c": "v"}})
+
     await _phase(api, namespace, "refs", "Running", timeout=90)
-    optional = [e for e in await _events(kube, namespace) if e.reason == "OptionalReferenceMissing"]
-    assert optional and "ConfigMap 'absent' not found" in optional[0].message
-    assert optional[0].type == "Normal"
+    events: dict[str, list[Any]] = {}
+    for event in await _events(kube, namespace):
+        events.setdefault(event.reason, []).append(event)
+    expected = {
+        "OptionalSecretNotFound": 'skipping optional envvar "O1": secret "absent-s" not found',
+        "OptionalConfigMapNotFound": (
+            'skipping optional envvar "O2": configmap "absent-c" not found'
+        ),
+        "OptionalSecretKeyNotFound": (
+            'skipping optional envvar "O3": key "nokey" does not exist in secret "api-token"'
+        ),
+        "OptionalConfigMapKeyNotFound": (
+            'skipping optional envvar "O4": key "nokey" does not exist in configmap "settings"'
+        ),
+        "InvalidEnvironmentVariableNames": (
+            f"keys [9bad] from configmap {namespace}/names were skipped since they are "
+            "invalid as environment variable names"
+        ),
+    }
+    for reason, message in expected.items():
+        assert reason in events, (reason, sorted(events))
+        assert [(e.type, e.message) for e in events[reason]] == [("Warning", message)]

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from tests.unit.test_translate import make_pod, raises_on, secret, translate
+from vk_provider.domain import explain
 from vk_provider.domain.containers import Probe, VolumeMount
+from vk_provider.domain.env import MissingReferenceError
 from vk_provider.domain.placement import PodShape
 from vk_provider.domain.workload import held_resources, to_request
 
@@ -98,11 +100,91 @@ def test_optional_references_that_are_missing_are_reported_as_skipped() -> None:
     )
     translation = to_request(pod, secrets={}, config_maps={}, node_name="n", host_ip="10.0.0.1")
     assert translation.spec.containers[0].env == ()
-    assert translation.skipped == (
-        "spec.containers[0].envFrom[0].configMapRef: ConfigMap 'cm' not found in 'ml'"
-        " (optional: skipped)",
-        "spec.containers[0].env[0].valueFrom.secretKeyRef: Secret 'gone' not found in 'ml'"
-        " (optional: skipped)",
+    assert [(s.reason, s.message) for s in translation.skipped] == [
+        ("OptionalConfigMapNotFound", 'configmap "cm" not found'),
+        ("OptionalSecretNotFound", 'skipping optional envvar "T": secret "gone" not found'),
+    ]
+
+
+SECRET = {"metadata": {"name": "s"}, "stringData": {"have": "1"}}
+CONFIG_MAP = {"metadata": {"name": "m"}, "data": {"have": "1", "9bad": "x", "ok-key": "y"}}
+
+
+@pytest.mark.parametrize(
+    ("env", "reason", "message"),
+    [
+        (
+            {"secretKeyRef": {"name": "nope", "key": "k"}},
+            "MandatorySecretNotFound",
+            'secret "nope" not found',
+        ),
+        (
+            {"configMapKeyRef": {"name": "nope", "key": "k"}},
+            "MandatoryConfigMapNotFound",
+            'configmap "nope" not found',
+        ),
+        (
+            {"secretKeyRef": {"name": "s", "key": "k"}},
+            "MandatorySecretKeyNotFound",
+            'key "k" does not exist in secret "s"',
+        ),
+        (
+            {"configMapKeyRef": {"name": "m", "key": "k"}},
+            "MandatoryConfigMapKeyNotFound",
+            'key "k" does not exist in configmap "m"',
+        ),
+        (
+            {"secretKeyRef": {"name": "nope", "key": "k", "optional": True}},
+            "OptionalSecretNotFound",
+            'skipping optional envvar "V": secret "nope" not found',
+        ),
+        (
+            {"configMapKeyRef": {"name": "nope", "key": "k", "optional": True}},
+            "OptionalConfigMapNotFound",
+            'skipping optional envvar "V": configmap "nope" not found',
+        ),
+        (
+            {"secretKeyRef": {"name": "s", "key": "k", "optional": True}},
+            "OptionalSecretKeyNotFound",
+            'skipping optional envvar "V": key "k" does not exist in secret "s"',
+        ),
+        (
+            {"configMapKeyRef": {"name": "m", "key": "k", "optional": True}},
+            "OptionalConfigMapKeyNotFound",
+            'skipping optional envvar "V": key "k" does not exist in configmap "m"',
+        ),
+    ],
+)
+def test_missing_references_have_virtual_kubelets_reasons(
+    env: dict[str, Any], reason: str, message: str
+) -> None:
+    pod = pod_with([c("app", env=[{"name": "V", "valueFrom": env}])])
+    objects: dict[str, Any] = {"secrets": {"s": SECRET}, "config_maps": {"m": CONFIG_MAP}}
+    if reason.startswith("Mandatory"):
+        with pytest.raises(MissingReferenceError) as raised:
+            to_request(pod, **objects, node_name="n", host_ip="10.0.0.1")
+        assert raised.value.retryable and raised.value.field.endswith("KeyRef")
+        found = explain.config_error(raised.value)
+    else:
+        translation = to_request(pod, **objects, node_name="n", host_ip="10.0.0.1")
+        assert translation.spec.containers[0].env == ()
+        (skipped,) = translation.skipped
+        found = explain.skipped_reference(skipped)
+    assert (found.kind, found.reason, found.message) == ("Warning", reason, message)
+
+
+def test_env_from_keys_that_are_no_variable_names_are_skipped_with_an_event() -> None:
+    pod = pod_with([c("app", envFrom=[{"configMapRef": {"name": "m"}}])])
+    translation = to_request(
+        pod, secrets={}, config_maps={"m": CONFIG_MAP}, node_name="n", host_ip="10.0.0.1"
+    )
+    assert [v.name for v in translation.spec.containers[0].env] == ["have", "ok-key"]
+    (skipped,) = translation.skipped
+    event = explain.skipped_reference(skipped)
+    assert event.reason == "InvalidEnvironmentVariableNames"
+    assert event.message == (
+        "keys [9bad] from configmap ml/m were skipped since they are invalid as environment "
+        "variable names"
     )
 
 

@@ -225,13 +225,14 @@ async def test_missing_optional_references_are_skipped_with_an_event() -> None:
     async with core.running():
         await core.kube.create_pod(pod)
         await core.until(lambda: core.phase("infer") == "Running", what="Running")
-    (event,) = [e for e in core.kube.events if e["reason"] == "OptionalReferenceMissing"]
-    assert event["type"] == "Normal"
-    assert "Secret 'absent' not found in 'ns' (optional: skipped)" in event["message"]
+    (event,) = [e for e in core.kube.events if e["reason"] == "OptionalSecretNotFound"]
+    assert event["type"] == "Warning"
+    assert event["message"] == 'skipping optional envvar "TOKEN": secret "absent" not found'
 
 
 async def test_a_missing_mandatory_reference_waits_with_create_container_config_error() -> None:
-    core = Core(memory_provider("mem", gpu_offer()))
+    provider = memory_provider("mem", gpu_offer())
+    core = Core(provider)
     pod = pod_manifest("infer")
     pod["spec"]["containers"][0]["env"] = [
         {"name": "TOKEN", "valueFrom": {"configMapKeyRef": {"name": "later", "key": "t"}}}
@@ -245,8 +246,9 @@ async def test_a_missing_mandatory_reference_waits_with_create_container_config_
         waiting = core.container_status("infer")["state"]["waiting"]
         assert waiting["reason"] == "CreateContainerConfigError"
         assert "ConfigMap 'later' not found" in waiting["message"]
-        (event,) = [e for e in core.kube.events if e["reason"] == "CreateContainerConfigError"]
-        assert event["type"] == "Warning" and "ConfigMap 'later' not found" in event["message"]
+        (event,) = [e for e in core.kube.events if e["reason"] == "MandatoryConfigMapNotFound"]
+        assert event["type"] == "Warning" and event["message"] == 'configmap "later" not found'
+        assert provider.calls.get("create", 0) == 0, "nothing is created before it can start"
         core.kube.config_maps[("ns", "later")] = {
             "metadata": {"name": "later", "namespace": "ns"},
             "data": {"t": "v"},

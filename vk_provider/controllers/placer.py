@@ -32,6 +32,7 @@ from vk_provider.domain.contract import Provider
 from vk_provider.domain.env import references
 from vk_provider.domain.errors import CapacityUnavailable, ProviderError
 from vk_provider.domain.lifecycle import start_poll_delay
+from vk_provider.domain.logfields import about
 from vk_provider.domain.models import Instance
 from vk_provider.domain.placement import PlacementRequest
 from vk_provider.domain.podspec import InvalidPodSpec
@@ -114,17 +115,15 @@ class Placer:
             translation = await self._translate(pod, attempt)
         except InvalidPodSpec as exc:
             if exc.retryable:  # a referenced Secret or ConfigMap may still appear
-                await self._write.event(
-                    pod, explain.Event(explain.WARNING, explain.FAILED_CONFIG, str(exc))
-                )
+                await self._write.event(pod, explain.config_error(exc))
                 await self._write.status(pod, waiting_view(pod, explain.FAILED_CONFIG, str(exc)))
                 self._queue.add_rate_limited(key, cap=self._intervals.retry_backoff_max_seconds)
                 return
             await self.invalid(pod, exc.field, str(exc))
             return
         spec, request = translation.spec, translation.request
-        if translation.skipped:
-            await self._write.event(pod, explain.optional_references_missing(translation.skipped))
+        for skipped in translation.skipped:
+            await self._write.event(pod, explain.skipped_reference(skipped))
         if not request.shape.single:
             allowed = [
                 name
@@ -171,6 +170,14 @@ class Placer:
                 await self._write.event(pod, selected)
                 memory.explanation = selected.message
             await self._placed(pod, memory, result, previous)
+            instance = result.instance
+            log.info(
+                "placed on %s at $%.4f/h%s",
+                result.offer.key,
+                result.offer.price_per_hour,
+                "" if previous is None else " (relaunch)",
+                extra=about(pod.key, instance.instance_id, instance.provider),
+            )
         elif result.invalid is not None:
             await self.invalid(pod, result.invalid.field, str(result.invalid))
         elif result.retry_after is not None:
@@ -185,6 +192,7 @@ class Placer:
     async def invalid(self, pod: PodView, field: str, message: str) -> None:
         """The pod asks for what no provider can ever run: say so; not retried until it changes."""
         event = explain.invalid_spec(field, message)
+        log.warning("cannot run: %s", event.message, extra=about(pod.key))
         await self._write.event(pod, event)
         view = waiting_view(pod, explain.INVALID_SPEC, event.message)
         phase = "Failed" if pod.restart_policy == "Never" else None
@@ -251,7 +259,10 @@ class Placer:
         if not self._launcher.ledger.within_caps(pod.namespace):
             await self._refuse_adoption(pod, chosen)
             return True
-        log.info("adopting instance %s of pod %s/%s", chosen.instance_id, *pod.key)
+        log.info(
+            "adopting the instance a previous run launched",
+            extra=about(pod.key, chosen.instance_id, chosen.provider),
+        )
         memory.explanation = "adopted an instance a previous run of the agent had launched"
         self._record_placed(pod, memory, chosen, chosen.offer_key, chosen.price_per_hour)
         await self._report.placed(pod, chosen)

@@ -48,6 +48,7 @@ from vk_provider.domain.podspec import (
     strings_field,
 )
 from vk_provider.domain.quantity import ceil_int, scaled_ceil
+from vk_provider.domain.references import InvalidNames, MissingReference, Skipped
 
 # kubelet's utilvalidation.IsEnvVarName, used to skip envFrom keys that cannot be variables.
 _ENV_VAR_NAME: Final = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
@@ -205,7 +206,8 @@ class EnvContext:
     node_name: str
     host_ip: str
     path: str = CONTAINER  # the container's field path in the pod, for error messages
-    skipped: list[str] = field(default_factory=list)  # optional references not found
+    # What was skipped: optional references not found, envFrom keys that are no names.
+    skipped: list[Skipped] = field(default_factory=list)
 
     @property
     def namespace(self) -> str:
@@ -246,16 +248,22 @@ def _env_from(context: EnvContext, entry: Mapping[str, Any], field: str) -> list
             ref,
             ref_field,
             f"{source.kind} {name!r} not found in {context.namespace!r}",
+            MissingReference(source.kind, name, optional=flag(ref, "optional")),
             context.skipped,
         )
         return []
     items = _object_items(found, source, name=name, field=ref_field)
     result: list[EnvVar] = []
+    invalid: list[str] = []
     for key, value in items.items():
         var_name = prefix + key
         # kubelet skips keys that are not variable names (and emits an event); so do we.
         if _ENV_VAR_NAME.fullmatch(var_name):
             result.append(EnvVar(name=var_name, value=value, secret=secret))
+        else:
+            invalid.append(var_name)
+    if invalid:
+        context.skipped.append(InvalidNames(source.kind, context.namespace, name, tuple(invalid)))
     return result
 
 
@@ -318,12 +326,26 @@ def _ref_name(ref: Mapping[str, Any], field: str, kind: str) -> str:
     return name
 
 
-def _missing(ref: Mapping[str, Any], field: str, reason: str, skipped: list[str]) -> None:
+class MissingReferenceError(InvalidPodSpec):
+    """A mandatory Secret, ConfigMap or key does not exist (yet): retryable."""
+
+    def __init__(self, field: str, reason: str, missing: MissingReference) -> None:
+        super().__init__(field, reason, retryable=True)
+        self.missing = missing
+
+
+def _missing(
+    ref: Mapping[str, Any],
+    field: str,
+    reason: str,
+    missing: MissingReference,
+    skipped: list[Skipped],
+) -> None:
     """Skip a missing optional reference (noted in ``skipped``); refuse a required one
     (retryable: it may appear)."""
     if not flag(ref, "optional"):
-        raise InvalidPodSpec(field, reason, retryable=True)
-    skipped.append(f"{field}: {reason} (optional: skipped)")
+        raise MissingReferenceError(field, reason, missing)
+    skipped.append(missing)
 
 
 def _key_ref(
@@ -334,19 +356,22 @@ def _key_ref(
     namespace: str,
     field: str,
     var_name: str,
-    skipped: list[str],
+    skipped: list[Skipped],
 ) -> EnvVar | None:
     """``secretKeyRef`` / ``configMapKeyRef``: one key of a referenced object, or None when
     an optional reference is missing. Values from Secrets are marked secret."""
     name = _ref_name(ref, field, source.kind)
     key = string_field(ref, "key", f"{field}.key")
+    optional = flag(ref, "optional")
     obj = objects.get(name)
     if obj is None:
-        _missing(ref, field, f"{source.kind} {name!r} not found in {namespace!r}", skipped)
+        missing = MissingReference(source.kind, name, optional=optional, variable=var_name)
+        _missing(ref, field, f"{source.kind} {name!r} not found in {namespace!r}", missing, skipped)
         return None
     value = _object_value(obj, key, source, name=name, field=field)
     if value is None:
-        _missing(ref, field, f"key {key!r} not found in {source.kind} {name!r}", skipped)
+        missing = MissingReference(source.kind, name, optional, key=key, variable=var_name)
+        _missing(ref, field, f"key {key!r} not found in {source.kind} {name!r}", missing, skipped)
         return None
     return EnvVar(name=var_name, value=value, secret=source is _SECRET)
 

@@ -17,6 +17,8 @@ from vk_provider.domain.budget import BudgetView
 from vk_provider.domain.errors import ProviderError
 from vk_provider.domain.models import Offer
 from vk_provider.domain.placement import CapacityType, Penalties, Placement, PlacementRequest
+from vk_provider.domain.podspec import InvalidPodSpec
+from vk_provider.domain.references import MissingReference, Skipped
 
 # Reasons (docs/reference.md#events).
 PROVIDER_SELECTED = "ProviderSelected"
@@ -30,7 +32,6 @@ STARTED = "Started"
 BACK_OFF = "BackOff"
 KILLING = "Killing"
 FAILED_CONFIG = "CreateContainerConfigError"
-OPTIONAL_REFERENCE_MISSING = "OptionalReferenceMissing"
 PROBE_UNSUPPORTED = "ProbeUnsupported"
 # Waiting reasons of a pod no provider takes now (not ContainerCreating: nothing is created).
 WAITING_FOR_CAPACITY = "WaitingForCapacity"
@@ -168,6 +169,11 @@ def refusal(
         )
     if name == "sold-out":
         return "sold out: the provider can start none now"
+    if name == "taken":
+        return (
+            f"its {offer.available} free instance(s) are taken by creates under way or made "
+            "since the provider last answered"
+        )
     if name == "provider-health":
         return (
             f"{offer.provider}'s circuit breaker holds calls back (it kept failing); "
@@ -255,5 +261,17 @@ def shape_unsupported(request: PlacementRequest, providers: Sequence[str]) -> Ev
     )
 
 
-def optional_references_missing(skipped: Sequence[str]) -> Event:
-    return Event(NORMAL, OPTIONAL_REFERENCE_MISSING, "; ".join(skipped))
+def skipped_reference(skipped: Skipped) -> Event:
+    """An optional reference that does not exist, or envFrom keys that are no variable
+    names: a Warning with virtual-kubelet's reason (``domain.references``)."""
+    return Event(WARNING, skipped.reason, skipped.message)
+
+
+def config_error(error: InvalidPodSpec) -> Event:
+    """The pod cannot start until something appears: for a missing mandatory reference,
+    virtual-kubelet's reason (``MandatorySecretNotFound`` ...); else the kubelet's
+    ``CreateContainerConfigError``."""
+    missing = getattr(error, "missing", None)
+    if isinstance(missing, MissingReference):
+        return Event(WARNING, missing.reason, missing.message)
+    return Event(WARNING, FAILED_CONFIG, str(error))

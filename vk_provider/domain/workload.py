@@ -52,6 +52,7 @@ from vk_provider.domain.podspec import (
 from vk_provider.domain.podview import ANN_PROVIDERS, ANN_REGIONS
 from vk_provider.domain.probes import probes
 from vk_provider.domain.quantity import ceil_int
+from vk_provider.domain.references import Skipped
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ class Translation:
 
     spec: WorkloadSpec
     request: PlacementRequest
-    skipped: tuple[str, ...] = ()
+    skipped: tuple[Skipped, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +109,7 @@ def _container(
     host_ip: str,
     volumes: frozenset[str],
     empty_dirs: frozenset[str],
-    skipped: list[str],
+    skipped: list[Skipped],
 ) -> ContainerSpec:
     path, container = located
     check_container(container, volumes, path=path)
@@ -166,14 +167,16 @@ def to_workload(
     node_name: str,
     host_ip: str,
     attempt: int = 0,
-    skipped: list[str] | None = None,
+    skipped: list[Skipped] | None = None,
 ) -> WorkloadSpec:
     """Translate a pod (API JSON) into the ``WorkloadSpec`` a provider launches.
 
     ``secrets`` and ``config_maps`` map names (in the pod's namespace) to the objects as the API
     serves them; a name absent from them does not exist. ``node_name`` and ``host_ip`` answer
     ``spec.nodeName`` and ``status.hostIP`` field references. Optional references that are
-    missing are appended to ``skipped``. Raises ``InvalidPodSpec``.
+    missing, and envFrom keys that are no variable names, are appended to ``skipped``
+    (``domain.references``). Raises ``InvalidPodSpec`` (``MissingReferenceError`` for a
+    mandatory reference that does not exist yet).
     """
     metadata = mapping_field(pod, "metadata", "metadata")
     spec = mapping_field(pod, "spec", "spec")
@@ -188,7 +191,7 @@ def to_workload(
     check_pod_level(spec)
     apps, inits = pod_containers(spec)
     volumes = allowed_volumes(spec)
-    notes: list[str] = [] if skipped is None else skipped
+    notes: list[Skipped] = [] if skipped is None else skipped
     common: dict[str, Any] = {
         "pod": pod,
         "secrets": secrets,
@@ -275,7 +278,7 @@ def to_request(
     attempt: int = 0,
 ) -> Translation:
     """The pod read once for launching: what to run, where it may run, what was skipped."""
-    skipped: list[str] = []
+    skipped: list[Skipped] = []
     spec = to_workload(
         pod,
         secrets=secrets,
