@@ -75,6 +75,7 @@ class AgentProcess:
     pod_name: str = ""
     # Extra environment (a Deployment's env, resolved as a kubelet would).
     env: dict[str, str] = field(default_factory=dict)
+    log_level: str = "debug"
 
     def start(self) -> None:
         log = self.log_path.open("ab")
@@ -91,7 +92,7 @@ class AgentProcess:
                 "--state-dir",
                 str(self.state_dir),
                 "--log-level",
-                "debug",
+                self.log_level,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -148,6 +149,7 @@ class AgentHarness:
         start: bool = True,
         leader_election: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
+        log_level: str = "debug",
     ) -> AgentProcess:
         node_name = (node or {}).get("name") or f"vk-{uuid.uuid4().hex[:8]}"
         root = self._tmp / node_name
@@ -210,6 +212,7 @@ class AgentHarness:
             provider_entries=provider_entries,
             pod_name=f"{node_name}-0",
             env=dict(env or {}),
+            log_level=log_level,
         )
         self.agents.append(agent)
         if start:

@@ -107,10 +107,12 @@ def flip_agent(
     offers: list[dict[str, Any]],
     *,
     close_after: float,
+    log_level: str = "debug",
 ) -> AgentProcess:
     """The agent on one ``local`` provider with the flip on, reading the components'
     Prometheus every second, opening after 3 s of full own GPUs."""
     return agents.start(
+        log_level=log_level,
         providers=[{"name": "cloud", "offers": offers}],
         overflow={
             "enabled": True,

@@ -94,7 +94,11 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
     )
 
     agent = flip_agent(
-        story_agents, components, [an_offer("a100", gpus=1, price=1.2, capacity=8)], close_after=5
+        story_agents,
+        components,
+        [an_offer("a100", gpus=1, price=1.2, capacity=8)],
+        close_after=5,
+        log_level="info",  # the log an operator reads (checked at the end)
     )
     node = agent.node
     await node_ready(api, node, agent)
@@ -266,6 +270,24 @@ async def test_training_takes_the_gpus_inference_overflows_and_moves_home_slowly
     reasons = [e.reason for e in await node_events(raw, node)]
     assert reasons.count("OverflowOpened") == 1 and reasons.count("OverflowClosed") == 1
     assert "OverflowSignalUnavailable" in reasons and "OverflowSignalRestored" in reasons
+
+    # The log at INFO (docs/operating.md#read-the-log): a line per decision, each with its
+    # pod and instance; none per Prometheus query.
+    text = agent.log_text()
+    assert "HTTP Request" not in text
+    for decision in (
+        "placed on",
+        "Started container",
+        "overflow: overflow opened",
+        "overflow: the GPU signal cannot be read",
+        "overflow: the GPU signal can be read again",
+        "overflow: overflow closed",
+        "deleted; its instance terminated",
+    ):
+        assert decision in text, decision
+    placed = [line for line in text.splitlines() if "placed on" in line]
+    assert len(placed) >= REPLICAS, placed
+    assert all(f"pod={namespace}/infer-" in line and "instance=" in line for line in placed)
 
 
 async def _async(value: bool) -> bool:

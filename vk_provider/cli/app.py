@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import sys
 from pathlib import Path
 
@@ -36,17 +35,6 @@ app.add_typer(config_app, name="config")
 register_queries(app)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # aiohttp's access log would show request lines; ours carry no secrets but stay quiet.
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    logging.getLogger("asyncssh").setLevel(logging.WARNING)  # one INFO line per SSH channel
-
-
 @app.command("run")
 def run(
     config: Path = typer.Option(..., "--config", help="Agent configuration (YAML)."),
@@ -57,17 +45,24 @@ def run(
         None, "--state-dir", help="Where local state (TLS material, local instances) lives."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+    log_format: str = typer.Option(
+        "text", "--log-format", help="text (for people) or json (one object per line)."
+    ),
 ) -> None:
     """Run the agent: register the virtual node and run its pods through the providers."""
     from vk_provider.runtime.agent import run_agent
+    from vk_provider.runtime.logs import LOG_FORMATS, setup_logging
     from vk_provider.runtime.supervisor import AgentFailed
+
+    if log_format not in LOG_FORMATS:
+        raise _fail(f"--log-format must be text or json, not {log_format!r}", code=2)
 
     try:
         registry = Registry.default()
         settings = registry.load_config(config)
     except ConfigError as exc:
         raise _fail(f"invalid configuration:\n{exc}", code=2) from exc
-    _setup_logging(log_level)
+    setup_logging(log_level, "json" if log_format == "json" else "text")
     try:
         asyncio.run(
             run_agent(settings, registry=registry, kubeconfig=kubeconfig, state_dir=state_dir)

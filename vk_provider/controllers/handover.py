@@ -76,6 +76,7 @@ from vk_provider.domain.handoverworld import (
     unready_replacements,
     virtual_room,
 )
+from vk_provider.domain.logfields import about
 from vk_provider.domain.overflow import OverflowState, state_from_taints
 from vk_provider.domain.podview import rfc3339
 from vk_provider.kube.client import ConflictError, KubeClient, NotFoundError
@@ -417,7 +418,7 @@ class HandoverController:
         ):
             if await self._kube.evict_pod(pod.namespace, pod.name) != "evicted":
                 continue  # gone, or its budget allows no more now: next tick
-            log.info("hand-over: evicted %s for %s", pod.key, gang.key)
+            log.info("hand-over: evicted for %s", gang.key, extra=about(pod.key))
             target = by_key.get(pod.key)
             if target is not None:
                 await self._events.record(

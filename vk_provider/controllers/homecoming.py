@@ -25,6 +25,7 @@ from vk_provider.controllers.ticker import every
 from vk_provider.domain import explain
 from vk_provider.domain.handoverworld import budgeted, key, node_pod, node_views, terminating
 from vk_provider.domain.homecoming import Rented, choose
+from vk_provider.domain.logfields import about
 from vk_provider.domain.overflow import OverflowState, state_from_taints
 from vk_provider.domain.podview import ANN_PRICE
 from vk_provider.kube.client import KubeClient
@@ -115,7 +116,7 @@ class HomecomingController:
             f"moved home, dearest first: the overflow is closed and this replica cost "
             f"${pod.price:g}/h"
         )
-        log.info("way home: evicted %s ($%g/h)", pod.key, pod.price)
+        log.info("way home: evicted, dearest first ($%g/h)", pod.price, extra=about(pod.key))
         await self._events.record(dict(body), explain.NORMAL, MOVED_HOME, message)
         return True
 

@@ -89,8 +89,8 @@ class OfferBook:
         self._asking.append(listener)
 
     async def _refresh_locked(self) -> None:
-        for listener in self._asking:
-            listener()
+        for asking in self._asking:
+            asking()
         asked_at = self._clock()
         names = list(self._providers)
         answers = await asyncio.gather(*(self._ask(n, self._providers[n]) for n in names))

@@ -294,9 +294,11 @@ class OverflowController:
                 f"the GPU signal cannot be read ({self._error}); keeping the overflow "
                 f"{self._flip.state.value} until it can"
             )
+            log.warning("overflow: %s", message)
             await self._events.record(node, explain.WARNING, SIGNAL_UNAVAILABLE, message)
         elif self._flip.signal_ok and not was_ok and self._signal_lost_said:
             self._signal_lost_said = False
+            log.info("overflow: the GPU signal can be read again")
             await self._events.record(
                 node, explain.NORMAL, SIGNAL_RESTORED, "the GPU signal can be read again"
             )

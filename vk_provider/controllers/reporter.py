@@ -14,6 +14,7 @@ container, BackOff on entering it) are recorded once per change.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -23,6 +24,7 @@ from vk_provider.controllers.podwriter import PodWriter
 from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.lifecycle import crash_backoff
+from vk_provider.domain.logfields import about
 from vk_provider.domain.models import Instance, InstanceState
 from vk_provider.domain.podstatus import PodContainers, container_view, terminated_of
 from vk_provider.domain.podview import PodView, Running, Terminated, Waiting
@@ -34,6 +36,8 @@ from vk_provider.domain.wholepod import (
     readiness,
     whole_pod_view,
 )
+
+log = logging.getLogger(__name__)
 
 
 class ProbeVerdicts(Protocol):
@@ -109,6 +113,9 @@ class StatusReporter:
         )
         phase = final_phase(containers) if final else None
         for event in container_events(pod, containers):
+            if event.reason == explain.STARTED:
+                where = about(pod.key, instance.instance_id, instance.provider)
+                log.info("%s", event.message, extra=where)
             await self._write.event(pod, event)
         await self._write.status(pod, containers, pod_ip=instance.ip, phase=phase)
         return containers
@@ -150,6 +157,8 @@ class StatusReporter:
             started_event = explain.Event(
                 explain.NORMAL, explain.STARTED, f"Started container {pod.container_name}"
             )
+            where = about(pod.key, instance.instance_id, instance.provider)
+            log.info("%s", started_event.message, extra=where)
             await self._write.event(pod, started_event)
 
     async def complete(self, pod: PodView, instance: Instance) -> None:
@@ -178,6 +187,7 @@ class StatusReporter:
 
     async def lost(self, pod: PodView, message: str) -> None:
         """The provider lost the instance: Failed (InstanceLost), every container ended."""
+        log.warning("failed, instance lost: %s", message, extra=about(pod.key))
         self._probes.forget(pod.uid)
         lost = Terminated(
             exit_code=137,

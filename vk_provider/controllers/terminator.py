@@ -37,6 +37,7 @@ from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import NotFound, ProviderError
 from vk_provider.domain.lifecycle import Sighting
+from vk_provider.domain.logfields import about
 from vk_provider.domain.models import InstanceState
 from vk_provider.domain.podview import PodKey, PodView
 from vk_provider.settings.agent import IntervalsConfig
@@ -148,6 +149,10 @@ class Terminator:
                 *pod.key,
             )
         await self._write.delete(pod)
+        log.info(
+            "deleted; its instance terminated",
+            extra=about(pod.key, placed.instance_id if placed else None),
+        )
         self._drop(pod.key, pod.uid, placed.offer_key if placed else None)
 
     async def release(self, pod: PodView) -> None:
@@ -163,6 +168,10 @@ class Terminator:
                 try:
                     await self._providers[placed.provider].delete(
                         placed.instance_id, grace_seconds=0
+                    )
+                    log.info(
+                        "ended; its instance terminated",
+                        extra=about(pod.key, placed.instance_id, placed.provider),
                     )
                     self._tracker.forget(placed.provider, placed.instance_id)
                 except NotFound:
