@@ -249,6 +249,17 @@ async def test_a_container_without_command_is_invalid(provider: LocalProvider) -
     assert await provider.list_ours() == []
 
 
+async def test_a_working_dir_that_does_not_exist_is_invalid_before_anything_runs(
+    provider: LocalProvider, tmp_path: Path
+) -> None:
+    missing = tmp_path / "not-here"
+    with pytest.raises(InvalidSpec, match="is not a directory on this machine") as caught:
+        await provider.create(make_spec(SLEEP, working_dir=str(missing)), await offer(provider))
+    assert caught.value.field == "spec.containers[0].workingDir"
+    assert await provider.list_ours() == []
+    assert not missing.exists()
+
+
 async def test_args_alone_name_the_program(provider: LocalProvider) -> None:
     spec = WorkloadSpec(
         pod_uid="args",

@@ -16,6 +16,7 @@ import pytest
 
 from tests.unit.controller_harness import Core, gpu_offer, loop_now, memory_provider, pod_manifest
 from vk_provider.domain.containers import ContainerState, ContainerStatus, Termination
+from vk_provider.domain.errors import InvalidSpec
 from vk_provider.domain.podview import ANN_INSTANCE, ANN_PLACEMENT, ANN_PROVIDER, LABEL_PROVIDER
 
 pytestmark = [pytest.mark.looptime, pytest.mark.usefixtures("no_leftover_tasks")]
@@ -93,6 +94,29 @@ async def test_a_whole_pod_no_provider_can_run_is_invalid_naming_the_field() -> 
     assert event["message"].startswith("spec.containers[1]: no provider can run 2 app container")
     assert "provider(s) a, b cannot" in event["message"]
     assert core.status("infer")["reason"] == "InvalidSpec"
+
+
+async def test_a_container_its_provider_refuses_waits_in_create_container_error() -> None:
+    provider = memory_provider("a", gpu_offer())
+    provider.fail_next(
+        "create",
+        InvalidSpec(
+            "workingDir '/x' is not a directory",
+            provider="a",
+            field="spec.containers[0].workingDir",
+        ),
+    )
+    core = Core(provider)
+    async with core.running():
+        await core.kube.create_pod(pod_manifest("infer"))
+        await core.until(lambda: "InvalidSpec" in core.kube.reasons("infer"), what="InvalidSpec")
+        await core.until(
+            lambda: core.container_status("infer").get("state", {}).get("waiting"),
+            what="waiting",
+        )
+    waiting = core.container_status("infer")["state"]["waiting"]
+    assert waiting["reason"] == "CreateContainerError"  # the runtime's answer, as a kubelet's
+    assert "spec.containers[0].workingDir" in waiting["message"]
 
 
 async def test_an_init_container_still_running_keeps_the_pod_pending() -> None:

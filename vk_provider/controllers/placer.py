@@ -179,7 +179,10 @@ class Placer:
                 extra=about(pod.key, instance.instance_id, instance.provider),
             )
         elif result.invalid is not None:
-            await self.invalid(pod, result.invalid.field, str(result.invalid))
+            # The provider refused the container as specified: the runtime's answer.
+            await self.invalid(
+                pod, result.invalid.field, str(result.invalid), waiting=explain.FAILED_CREATE
+            )
         elif result.retry_after is not None:
             # 429 / 5xx: the same candidate again, after Retry-After or our back-off.
             memory.prefer = result.attempts[-1].offer.key if result.attempts else None
@@ -189,12 +192,16 @@ class Placer:
         else:
             await self._unplaceable(pod, memory, result, request, previous)
 
-    async def invalid(self, pod: PodView, field: str, message: str) -> None:
-        """The pod asks for what no provider can ever run: say so; not retried until it changes."""
+    async def invalid(
+        self, pod: PodView, field: str, message: str, *, waiting: str = explain.INVALID_SPEC
+    ) -> None:
+        """The pod asks for what no provider can ever run: say so; not retried until it
+        changes. ``waiting`` is the container's waiting reason: ``InvalidSpec``, or the
+        runtime's ``CreateContainerError`` when a provider refused the container at create."""
         event = explain.invalid_spec(field, message)
         log.warning("cannot run: %s", event.message, extra=about(pod.key))
         await self._write.event(pod, event)
-        view = waiting_view(pod, explain.INVALID_SPEC, event.message)
+        view = waiting_view(pod, waiting, event.message)
         phase = "Failed" if pod.restart_policy == "Never" else None
         await self._write.status(
             pod, view, phase=phase, reason=explain.INVALID_SPEC, message=event.message

@@ -32,6 +32,7 @@ STARTED = "Started"
 BACK_OFF = "BackOff"
 KILLING = "Killing"
 FAILED_CONFIG = "CreateContainerConfigError"
+FAILED_CREATE = "CreateContainerError"  # the runtime refused the container as specified
 PROBE_UNSUPPORTED = "ProbeUnsupported"
 # Waiting reasons of a pod no provider takes now (not ContainerCreating: nothing is created).
 WAITING_FOR_CAPACITY = "WaitingForCapacity"

@@ -83,11 +83,20 @@ def _local(
     env = process_environment(container.env)
     check_runnable(argv, env, provider=provider, field=field)
     workdir = container.working_dir
+    if workdir and not Path(workdir).is_dir():
+        # Programs run in place on this machine: a directory nobody made is a spec error
+        # (as the runtime's CreateContainerError), not a silent run somewhere else.
+        raise InvalidSpec(
+            f"workingDir {workdir!r} is not a directory on this machine (the local provider "
+            "runs the command in place and creates no directories)",
+            provider=provider,
+            field=f"{field}.workingDir",
+        )
     return LocalContainer(
         name=container.name,
         argv=tuple(argv),
         env=env,
-        cwd=workdir if workdir and Path(workdir).is_dir() else None,
+        cwd=workdir or None,
         ports=tuple(p.container_port for p in container.ports),
         init=init,
         sidecar=init and container.sidecar,
