@@ -39,6 +39,7 @@ class Pod:
     uid: str
     state: str  # "pending", "creating", "placed"
     request: str = ""
+    takes_seen: int = 0  # other tenants' takes before the ask of the answer it was placed on
 
 
 class Capacity(RuleBasedStateMachine):
@@ -58,6 +59,8 @@ class Capacity(RuleBasedStateMachine):
         self.took_pending = self.freed_pending = 0
         self.lost = self.lost_pending = False
         self.stampede = False
+        self.takes = 0  # every slot another tenant ever took
+        self.takes_at_ask = self.takes_at_cache = 0
 
     # ------------------------------------------------------------ the world
 
@@ -88,6 +91,7 @@ class Capacity(RuleBasedStateMachine):
             return  # placement sees no room: the pod waits
         self.made += 1
         pod.request, pod.state = f"{pod.uid}.{self.made}", "creating"
+        pod.takes_seen = self.takes_at_cache
         self.room.claim(pod.request, uid=pod.uid, offer_key=KEY)
 
     @rule(data=st.data(), outcome=st.sampled_from(["made", "refused", "lost"]))
@@ -97,8 +101,9 @@ class Capacity(RuleBasedStateMachine):
             return
         pod = data.draw(st.sampled_from(creating))
         if self.free() <= 0:
-            # The provider is full: only another tenant since the answer can explain it.
-            self.stampede |= self.took == 0 and self.took_pending == 0
+            # The provider is full: only another tenant since the answer the pod was placed on
+            # was asked for can explain it.
+            self.stampede |= self.takes == pod.takes_seen
             self.room.settled(pod.request, made=False)
             pod.state = "pending"
             return
@@ -127,6 +132,7 @@ class Capacity(RuleBasedStateMachine):
     def another_tenant_takes(self) -> None:
         if self.free() > 0:
             self.others += 1
+            self.takes += 1
             self.took += 1
             self.took_pending += 1
 
@@ -142,6 +148,7 @@ class Capacity(RuleBasedStateMachine):
     def ask(self) -> None:
         self.room.asking(self.placed())
         self.asked = self.free()  # the provider's answer describes this moment
+        self.takes_at_ask = self.takes
         self.took_pending = self.freed_pending = 0
         self.lost_pending = False
 
@@ -150,6 +157,7 @@ class Capacity(RuleBasedStateMachine):
     def answer(self) -> None:
         self.room.answered()
         self.cache, self.asked = self.asked, None
+        self.takes_at_cache = self.takes_at_ask
         self.took, self.freed, self.lost = self.took_pending, self.freed_pending, self.lost_pending
 
     @precondition(lambda self: self.asked is None)
