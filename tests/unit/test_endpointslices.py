@@ -1,0 +1,170 @@
+"""EndpointSlices for Services over pods on the virtual node (``domain.endpointslices``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vk_provider.domain.endpointslices import (
+    MAX_ENDPOINTS,
+    DeclaredPort,
+    ExposedPod,
+    PortEndpoint,
+    changes,
+    slices_for,
+)
+
+NODE = "vk-gpu"
+
+
+def service(*ports: dict[str, Any], selector: dict[str, str] | None = None, **spec: Any) -> Any:
+    return {
+        "metadata": {"name": "infer", "namespace": "ml", "uid": "svc-uid"},
+        "spec": {
+            "selector": {"app": "infer"} if selector is None else selector,
+            "ports": list(ports),
+            **spec,
+        },
+    }
+
+
+def pod(
+    name: str,
+    *exposed: PortEndpoint,
+    ready: bool = True,
+    terminating: bool = False,
+    namespace: str = "ml",
+    labels: dict[str, str] | None = None,
+) -> ExposedPod:
+    return ExposedPod(
+        namespace=namespace,
+        name=name,
+        uid=f"uid-{name}",
+        labels={"app": "infer"} if labels is None else labels,
+        ready=ready,
+        terminating=terminating,
+        declared=(DeclaredPort("http", 8000), DeclaredPort("metrics", 9090)),
+        exposed=exposed,
+    )
+
+
+HTTP = {"name": "web", "port": 80, "targetPort": "http", "protocol": "TCP"}
+
+
+def test_a_named_target_port_maps_to_each_replicas_own_reachable_port() -> None:
+    """Two replicas of a RunPod-like provider: the same container port, mapped to different
+    public ports, so one slice each; the Service's port name is kept."""
+    a = pod("a", PortEndpoint(8000, "TCP", "203.0.113.7", 40123))
+    b = pod("b", PortEndpoint(8000, "TCP", "203.0.113.9", 40777))
+    slices = slices_for(service(HTTP), [a, b], node=NODE)
+    assert len(slices) == 2
+    seen = {
+        (s["endpoints"][0]["addresses"][0], s["ports"][0]["port"], s["ports"][0]["name"])
+        for s in slices
+    }
+    assert seen == {("203.0.113.7", 40123, "web"), ("203.0.113.9", 40777, "web")}
+    first = slices[0]
+    assert first["addressType"] == "IPv4"
+    assert first["metadata"]["labels"] == {
+        "kubernetes.io/service-name": "infer",
+        "endpointslice.kubernetes.io/managed-by": "vk-provider.io",
+        "vk-provider.io/node": NODE,
+    }
+    assert first["metadata"]["ownerReferences"][0]["uid"] == "svc-uid"
+    assert first["endpoints"][0]["nodeName"] == NODE
+    assert first["endpoints"][0]["targetRef"]["kind"] == "Pod"
+
+
+def test_replicas_with_the_same_mapping_share_one_slice_and_numbers_work_too() -> None:
+    same = [pod(n, PortEndpoint(8000, "TCP", f"10.9.0.{i}", 8000)) for i, n in enumerate("abc")]
+    (only,) = slices_for(service({"port": 8000, "protocol": "TCP"}), same, node=NODE)
+    assert [e["targetRef"]["name"] for e in only["endpoints"]] == ["a", "b", "c"]
+    assert only["ports"] == [{"name": "", "port": 8000, "protocol": "TCP"}]
+
+
+def test_conditions_follow_readiness_and_deletion() -> None:
+    up = PortEndpoint(8000, "TCP", "10.9.0.1", 8000)
+    pods = [
+        pod("ready", up),
+        pod("loading", up, ready=False),
+        pod("leaving", up, terminating=True),
+    ]
+    (only,) = slices_for(service(HTTP), pods, node=NODE)
+    conditions = {e["targetRef"]["name"]: e["conditions"] for e in only["endpoints"]}
+    assert conditions == {
+        "ready": {"ready": True, "serving": True, "terminating": False},
+        "loading": {"ready": False, "serving": False, "terminating": False},
+        "leaving": {"ready": False, "serving": True, "terminating": True},
+    }
+
+
+def test_only_selected_pods_of_the_services_namespace_with_an_exposed_port() -> None:
+    up = PortEndpoint(8000, "TCP", "10.9.0.1", 8000)
+    pods = [
+        pod("other-app", up, labels={"app": "train"}),
+        pod("other-namespace", up, namespace="web"),
+        pod("nothing-exposed"),
+        pod("udp-only", PortEndpoint(8000, "UDP", "10.9.0.2", 8000)),
+        pod("chosen", up),
+    ]
+    (only,) = slices_for(service(HTTP), pods, node=NODE)
+    assert [e["targetRef"]["name"] for e in only["endpoints"]] == ["chosen"]
+
+
+def test_no_slices_for_services_without_selector_or_of_type_external_name() -> None:
+    up = [pod("a", PortEndpoint(8000, "TCP", "10.9.0.1", 8000))]
+    assert slices_for(service(HTTP, selector={}), up, node=NODE) == []
+    assert slices_for(service(HTTP, type="ExternalName"), up, node=NODE) == []
+
+
+def test_an_unknown_named_port_leaves_that_port_out_and_other_ports_stay() -> None:
+    a = pod(
+        "a",
+        PortEndpoint(8000, "TCP", "10.9.0.1", 31000),
+        PortEndpoint(9090, "TCP", "10.9.0.1", 31001),
+    )
+    ports = [
+        HTTP,
+        {"name": "m", "port": 9090, "targetPort": "metrics"},
+        {"name": "x", "port": 1, "targetPort": "grpc"},
+    ]
+    (only,) = slices_for(service(*ports), [a], node=NODE)
+    assert sorted((p["name"], p["port"]) for p in only["ports"]) == [("m", 31001), ("web", 31000)]
+
+
+def test_ports_at_different_addresses_are_one_endpoint_each_and_hostnames_are_fqdn() -> None:
+    """A RunPod-like pod: TCP on the public IP, HTTP only through the provider's proxy."""
+    a = pod(
+        "a",
+        PortEndpoint(8000, "TCP", "abc123-8000.proxy.example.net", 443),
+        PortEndpoint(9090, "TCP", "203.0.113.7", 40999),
+    )
+    ports = [HTTP, {"name": "m", "port": 9090, "targetPort": "metrics"}]
+    slices = slices_for(service(*ports), [a], node=NODE)
+    by_type = {s["addressType"]: s for s in slices}
+    assert set(by_type) == {"FQDN", "IPv4"}
+    assert by_type["FQDN"]["ports"] == [{"name": "web", "port": 443, "protocol": "TCP"}]
+    assert by_type["IPv4"]["ports"] == [{"name": "m", "port": 40999, "protocol": "TCP"}]
+
+
+def test_large_groups_are_split_at_the_endpoint_limit_with_stable_names() -> None:
+    pods = [
+        pod(f"p{i:03}", PortEndpoint(8000, "TCP", f"10.9.{i // 250}.{i % 250}", 8000))
+        for i in range(MAX_ENDPOINTS + 5)
+    ]
+    slices = slices_for(service(HTTP), pods, node=NODE)
+    assert [len(s["endpoints"]) for s in slices] == [MAX_ENDPOINTS, 5]
+    again = slices_for(service(HTTP), list(reversed(pods)), node=NODE)
+    assert [s["metadata"]["name"] for s in again] == [s["metadata"]["name"] for s in slices]
+
+
+def test_changes_create_replace_and_delete_only_what_differs() -> None:
+    up = PortEndpoint(8000, "TCP", "10.9.0.1", 8000)
+    before = slices_for(service(HTTP), [pod("a", up)], node=NODE)
+    assert changes(before, before).create == changes(before, before).replace == ()
+    after = slices_for(service(HTTP), [pod("a", up, ready=False)], node=NODE)
+    assert [s["metadata"]["name"] for s in changes(after, before).replace] == [
+        before[0]["metadata"]["name"]
+    ]
+    gone = changes([], before)
+    assert gone.delete == (before[0]["metadata"]["name"],) and not gone.create
+    assert changes(before, []).create == tuple(before)
