@@ -150,6 +150,7 @@ class AgentHarness:
         leader_election: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         log_level: str = "debug",
+        cluster_serving: bool = False,
     ) -> AgentProcess:
         node_name = (node or {}).get("name") or f"vk-{uuid.uuid4().hex[:8]}"
         root = self._tmp / node_name
@@ -163,7 +164,9 @@ class AgentHarness:
             "kubelet_api": {
                 "listen": "127.0.0.1:0",
                 "client_ca_file": str(self._cluster.pki.ca.cert),
-            },
+            }
+            # A serving certificate the cluster signs, the agent approving its own request.
+            | ({"serving": {"source": "cluster", "self_approve": True}} if cluster_serving else {}),
             # Without the static token, REST callers are checked by TokenReview and
             # SubjectAccessReview against the cluster, as in production.
             "rest": {"listen": "127.0.0.1:0"}
@@ -199,7 +202,9 @@ class AgentHarness:
                 ((overflow or {}).get(part) or {}).get("enabled")
                 for part in ("handover", "move_home")
             )
-            kubeconfig = shipped_role.grant(self._cluster, node_name, root, handover=handover)
+            kubeconfig = shipped_role.grant(
+                self._cluster, node_name, root, handover=handover, serving=cluster_serving
+            )
             env = {"POD_NAMESPACE": AUDITED_NAMESPACE, **(env or {})}
             self._granted.add(node_name)
         agent = AgentProcess(

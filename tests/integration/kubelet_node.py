@@ -72,8 +72,23 @@ def start_agent_on(
 ) -> AgentProcess:
     """An agent whose kubelet API listens on the link's host address and advertises it, with a
     serving certificate from the cluster CA (so metrics-server can verify it); ``settings``
-    replace top-level sections of its configuration (``providers`` of another type)."""
-    agent = agents.start(providers=providers, node={"address": link.host_address}, start=False)
+    replace top-level sections of its configuration (``providers`` of another type). On a
+    cluster whose API server verifies kubelets, the agent asks the cluster to sign it
+    (``kubelet_api.serving.source: cluster``), as in production; else the test issues it."""
+    verified = cluster.flags().verify_kubelets
+    agent = agents.start(
+        providers=providers,
+        node={"address": link.host_address},
+        start=False,
+        cluster_serving=verified,
+    )
+    if verified:
+        config = yaml.safe_load(agent.config_path.read_text())
+        config.update(settings or {})
+        config["kubelet_api"].update(listen=f"{link.host_address}:0")
+        agent.config_path.write_text(yaml.safe_dump(config))
+        agent.start()
+        return agent
     serving = CertPair(
         agent.config_path.parent / "kubelet.crt", agent.config_path.parent / "kubelet.key"
     )

@@ -125,14 +125,14 @@ def test_the_service_account_roles_are_deploy_rbac_yaml_s(helm: Path) -> None:
         assert ours[(kind, chart_name)]["rules"] == raw[(kind, raw_name)]["rules"], chart_name
 
 
-def test_the_hand_over_role_is_rendered_only_with_the_hand_over_and_is_deploy_s(
-    helm: Path, tmp_path: Path
+def _feature_role(
+    helm: Path, tmp_path: Path, values: dict[str, Any], raw_file: str, suffix: str
 ) -> None:
-    """overflow.handover.enabled adds deploy/rbac-handover.yaml's rights, and only then."""
+    """The chart renders the role ``<release>-vk-provider-<suffix>`` only with ``values``,
+    with the rules of deploy/<raw_file>, bound to the chart's ServiceAccount."""
     plain = _run([str(helm), "template", "r", str(CHART)])
     assert plain.returncode == 0, plain.stderr
-    assert "r-vk-provider-handover" not in plain.stdout
-    values = {"config": {"overflow": {"enabled": True, "handover": {"enabled": True}}}}
+    assert f"r-vk-provider-{suffix}" not in plain.stdout
     rendered = _run(
         [str(helm), "template", "r", str(CHART), "-f", str(_values_file(tmp_path, values))]
     )
@@ -140,13 +140,29 @@ def test_the_hand_over_role_is_rendered_only_with_the_hand_over_and_is_deploy_s(
     ours = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered.stdout) if d}
     raw = {
         (d["kind"], d["metadata"]["name"]): d
-        for d in yaml.safe_load_all((CHART.parents[1] / "rbac-handover.yaml").read_text())
+        for d in yaml.safe_load_all((CHART.parents[1] / raw_file).read_text())
         if d
     }
-    role = ours[("ClusterRole", "r-vk-provider-handover")]
-    assert role["rules"] == raw[("ClusterRole", "vk-provider-handover")]["rules"]
-    binding = ours[("ClusterRoleBinding", "r-vk-provider-handover")]
-    assert binding["roleRef"]["name"] == "r-vk-provider-handover"
+    role = ours[("ClusterRole", f"r-vk-provider-{suffix}")]
+    assert role["rules"] == raw[("ClusterRole", f"vk-provider-{suffix}")]["rules"]
+    binding = ours[("ClusterRoleBinding", f"r-vk-provider-{suffix}")]
+    assert binding["roleRef"]["name"] == f"r-vk-provider-{suffix}"
+
+
+def test_the_hand_over_role_is_rendered_only_with_the_hand_over_and_is_deploy_s(
+    helm: Path, tmp_path: Path
+) -> None:
+    """overflow.handover.enabled adds deploy/rbac-handover.yaml's rights, and only then."""
+    values = {"config": {"overflow": {"enabled": True, "handover": {"enabled": True}}}}
+    _feature_role(helm, tmp_path, values, "rbac-handover.yaml", "handover")
+
+
+def test_the_serving_role_is_rendered_only_for_a_cluster_signed_certificate_and_is_deploy_s(
+    helm: Path, tmp_path: Path
+) -> None:
+    """kubelet_api.serving.source cluster adds deploy/rbac-serving.yaml's rights, and only then."""
+    values = {"config": {"kubelet_api": {"serving": {"source": "cluster", "self_approve": True}}}}
+    _feature_role(helm, tmp_path, values, "rbac-serving.yaml", "serving")
 
 
 def test_the_roles_follow_the_node_name_and_secret_namespaces(helm: Path, tmp_path: Path) -> None:

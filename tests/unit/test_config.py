@@ -98,6 +98,19 @@ KUBE = {"type": "kubernetes", "name": "k8s", "kubeconfig": "file:/etc/kc"}
             "host:port",
         ),
         (
+            {"providers": [RUNPOD], "kubelet_api": {"serving": {"source": "acme"}}},
+            "kubelet_api.serving.source",
+            "'self-signed' or 'cluster'",
+        ),
+        (
+            {
+                "providers": [RUNPOD],
+                "kubelet_api": {"serving": {"source": "cluster"}, "tls_cert_file": "/c.pem"},
+            },
+            "kubelet_api",
+            "exclude each other",
+        ),
+        (
             {"providers": [RUNPOD], "budget": {"namespaces": {"a": -1}}},
             "budget.namespaces",
             "zero or more",

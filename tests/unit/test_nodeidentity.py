@@ -30,6 +30,11 @@ from vk_provider.kube.nodeidentity import (
     NodeIdentityError,
     request_certificate,
 )
+from vk_provider.kube.servingcert import (
+    SERVING_SIGNER,
+    ServingCertificate,
+    request_serving_certificate,
+)
 
 pytestmark = pytest.mark.looptime
 START = datetime(2026, 12, 1, tzinfo=UTC)
@@ -46,7 +51,8 @@ class FakeSigner:
         self.key = ec.generate_private_key(ec.SECP256R1())
         self.ca = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test-ca")])
         self.csrs: dict[str, dict[str, Any]] = {}
-        self.outcome = "sign"  # sign | deny | ignore | error
+        self.outcome = "sign"  # sign | deny | ignore | error | approval (signed once approved)
+        self.approvals: list[tuple[str, str]] = []
         self.backdate = timedelta(0)  # kube-controller-manager's signer backdates 5 minutes
         self.connections: list[tuple[Path, Path]] = []
 
@@ -81,6 +87,14 @@ class FakeSigner:
 
     async def get_csr(self, name: str) -> dict[str, Any] | None:
         return self.csrs.get(name)
+
+    async def approve_csr(self, name: str, *, reason: str, message: str) -> dict[str, Any]:
+        """The /approval subresource; in ``approval`` outcome the signer then signs."""
+        stored = self.csrs[name]
+        self.approvals.append((name, reason))
+        if self.outcome == "approval":
+            stored["status"]["certificate"] = self._sign(stored["spec"])
+        return stored
 
     def with_client_certificate(self, cert_file: Path, key_file: Path) -> FakeConnection:
         self.connections.append((cert_file, key_file))
@@ -279,3 +293,80 @@ async def test_a_backdated_short_certificate_is_renewed_at_its_fraction_not_in_a
     renewing.cancel()
     with pytest.raises(asyncio.CancelledError):
         await renewing
+
+
+# --------------------------------------------------------------------------- serving
+
+
+async def test_a_serving_request_names_the_node_and_its_address_and_is_self_approved(
+    tmp_path: Path,
+) -> None:
+    signer = FakeSigner()
+    signer.outcome = "approval"  # kubelet-serving: nobody approves it by default
+    certificate = await request_serving_certificate(
+        signer,  # type: ignore[arg-type]
+        node_name="vk-gpu",
+        addresses=("10.213.4.1",),
+        directory=tmp_path,
+        expiration_seconds=86400,
+        approval_seconds=30,
+        self_approve=True,
+        now=_now,
+    )
+    ((name, csr),) = signer.csrs.items()
+    assert signer.approvals == [(name, "VkProviderSelfApproval")]
+    spec = csr["spec"]
+    assert spec["signerName"] == SERVING_SIGNER == "kubernetes.io/kubelet-serving"
+    assert spec["usages"] == ["digital signature", "server auth"]
+    request = x509.load_pem_x509_csr(base64.b64decode(spec["request"]))
+    names = request.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["vk-gpu"]
+    assert [str(a) for a in names.get_values_for_type(x509.IPAddress)] == ["10.213.4.1"]
+    cn = request.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    assert cn == "system:node:vk-gpu"
+    assert certificate.cert_file.name == "kubelet-serving.crt"
+    assert stat.S_IMODE(certificate.key_file.stat().st_mode) == 0o600
+
+
+async def test_a_serving_request_nobody_approves_says_how_to_approve_it(tmp_path: Path) -> None:
+    signer = FakeSigner()
+    signer.outcome = "approval"
+    with pytest.raises(NodeIdentityError, match="kubectl certificate approve kubelet-serving-"):
+        await request_serving_certificate(
+            signer,  # type: ignore[arg-type]
+            node_name="vk-gpu",
+            addresses=("10.0.0.1",),
+            directory=tmp_path,
+            expiration_seconds=86400,
+            approval_seconds=5,
+            self_approve=False,
+            now=_now,
+        )
+    assert signer.approvals == []
+    assert not (tmp_path / "kubelet-serving.crt").exists()
+
+
+async def test_the_serving_certificate_is_renewed_and_loaded_each_time(tmp_path: Path) -> None:
+    signer = FakeSigner()
+    signer.outcome = "approval"
+    loaded: list[Path] = []
+    serving = ServingCertificate(
+        signer,  # type: ignore[arg-type]
+        node_name="vk-gpu",
+        addresses=("10.0.0.1",),
+        directory=tmp_path,
+        expiration_seconds=3600,
+        renew_fraction=0.5,
+        approval_seconds=30,
+        self_approve=True,
+        on_renewed=lambda c: loaded.append(c.cert_file),
+        now=_now,
+    )
+    first = await serving.obtain()
+    renewals = asyncio.create_task(serving.renew_forever())
+    await asyncio.sleep(3 * 1800 + 60)  # three half-lives of simulated time
+    renewals.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await renewals
+    assert len(loaded) == 4 and len(signer.csrs) == 4
+    assert serving.certificate is not None and serving.certificate.not_after > first.not_after

@@ -388,7 +388,8 @@ class KubeletApiServer:
         self.node_name = node_name
         self.host = host.strip("[]")  # "[::]" as written in "listen" is "::" to bind
         self.port = port
-        self._ssl_context = ssl_context
+        # Public: a renewed serving certificate is loaded into it (new connections get it).
+        self.ssl_context = ssl_context
         self._authenticator = authenticator
         self._authorizer = authorizer
         self._logs = logs
@@ -417,7 +418,7 @@ class KubeletApiServer:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port, ssl_context=self._ssl_context)
+            site = web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl_context)
             await site.start()
         except BaseException:
             await runner.cleanup()

@@ -466,6 +466,26 @@ class KubeClient:
             )
         )
 
+    async def approve_csr(self, name: str, *, reason: str, message: str) -> JSON:
+        """Add the Approved condition to CertificateSigningRequest ``name`` (its /approval
+        subresource; needs ``approve`` on its signer)."""
+        current = await self.get_csr(name)
+        if current is None:
+            raise NotFoundError(404, f"CertificateSigningRequest {name} not found")
+        status = dict(current.get("status") or {})
+        status["conditions"] = [
+            *(status.get("conditions") or []),
+            {"type": "Approved", "status": "True", "reason": reason, "message": message},
+        ]
+        return await _json(
+            self.certificates.replace_certificate_signing_request_approval(
+                name,
+                {**current, "status": status},
+                _preload_content=False,
+                _request_timeout=_TIMEOUT,
+            )
+        )
+
     async def get_csr(self, name: str) -> JSON | None:
         try:
             return await _json(

@@ -35,7 +35,7 @@ import base64
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -82,7 +82,9 @@ class NodeCertificate:
         return start + (self.not_after - start) * fraction
 
 
-def _key_and_request(node_name: str) -> tuple[bytes, bytes]:
+def key_and_request(node_name: str, names: Sequence[x509.GeneralName] = ()) -> tuple[bytes, bytes]:
+    """A fresh EC P-256 key and a request for ``system:node:<name>`` in ``system:nodes``,
+    with ``names`` as its subject alternative names (a serving certificate's)."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name(
         [
@@ -90,9 +92,10 @@ def _key_and_request(node_name: str) -> tuple[bytes, bytes]:
             x509.NameAttribute(NameOID.COMMON_NAME, node_user(node_name)),
         ]
     )
-    request = (
-        x509.CertificateSigningRequestBuilder().subject_name(subject).sign(key, hashes.SHA256())
-    )
+    builder = x509.CertificateSigningRequestBuilder().subject_name(subject)
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
+    request = builder.sign(key, hashes.SHA256())
     key_pem = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -109,9 +112,11 @@ def _write_private(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-def _save(directory: Path, key_pem: bytes, cert_pem: bytes) -> tuple[Path, Path]:
+def _save(
+    directory: Path, key_pem: bytes, cert_pem: bytes, *, stem: str = "node-client"
+) -> tuple[Path, Path]:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key_file, cert_file = directory / "node-client.key", directory / "node-client.crt"
+    key_file, cert_file = directory / f"{stem}.key", directory / f"{stem}.crt"
     _write_private(key_file, key_pem)
     _write_private(cert_file, cert_pem)
     return key_file, cert_file
@@ -126,32 +131,35 @@ def _failure(csr: dict[str, object]) -> str | None:
     return None
 
 
-async def request_certificate(
+async def signed_certificate(
     bootstrap: KubeClient,
     *,
-    node_name: str,
-    directory: Path,
-    expiration_seconds: int,
+    name: str,
+    spec: dict[str, object],
+    labels: dict[str, str],
     approval_seconds: float,
-    now: Callable[[], datetime] = lambda: datetime.now(UTC),
-) -> NodeCertificate:
-    """Steps 1-4 of the module docstring; the files are replaced only once a certificate is
-    signed, so a failed request leaves the previous certificate in use."""
-    key_pem, request_pem = _key_and_request(node_name)
-    name = f"node-csr-{node_name}-{uuid.uuid4().hex[:8]}"[:253]
+    not_signed: str,
+    approve: bool = False,
+) -> bytes:
+    """Create the CertificateSigningRequest ``name`` and wait until it is signed; its PEM.
+
+    With ``approve`` the requester approves it itself (the kubelet-serving signer has no
+    approver of its own); else kube-controller-manager or an operator must. ``not_signed``
+    says what to check when the time is up."""
     await bootstrap.create_csr(
         {
             "apiVersion": "certificates.k8s.io/v1",
             "kind": "CertificateSigningRequest",
-            "metadata": {"name": name, "labels": {"vk-provider.io/node": node_name}},
-            "spec": {
-                "request": base64.b64encode(request_pem).decode(),
-                "signerName": SIGNER,
-                "usages": list(USAGES),
-                "expirationSeconds": expiration_seconds,
-            },
+            "metadata": {"name": name, "labels": labels},
+            "spec": spec,
         }
     )
+    if approve:
+        await bootstrap.approve_csr(
+            name,
+            reason="VkProviderSelfApproval",
+            message="the agent approved the serving certificate of its own node",
+        )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + approval_seconds
     while True:
@@ -163,32 +171,88 @@ async def request_certificate(
             raise NodeIdentityError(f"CertificateSigningRequest {name} {failure}")
         certificate = (csr.get("status") or {}).get("certificate")
         if certificate:
-            cert_pem = base64.b64decode(certificate)
-            break
+            return base64.b64decode(certificate)
         if loop.time() > deadline:
             raise NodeIdentityError(
                 f"CertificateSigningRequest {name} was not approved and signed within "
-                f"{approval_seconds:.0f} s: the bootstrap credentials need the ClusterRole "
-                "system:certificates.k8s.io:certificatesigningrequests:nodeclient (the chart's "
-                "identity: node binds it), and kube-controller-manager its csrapproving and "
-                "csrsigning controllers"
+                f"{approval_seconds:.0f} s: {not_signed}"
             )
         await asyncio.sleep(_POLL_SECONDS)
+
+
+def received(
+    directory: Path,
+    stem: str,
+    key_pem: bytes,
+    cert_pem: bytes,
+    *,
+    now: datetime,
+) -> NodeCertificate:
+    """Save a signed certificate and its key as ``<stem>.crt``/``<stem>.key``."""
     parsed = x509.load_pem_x509_certificate(cert_pem)
-    key_file, cert_file = _save(directory, key_pem, cert_pem)
-    log.info(
-        "node identity %s: certificate from %s valid until %s",
-        node_user(node_name),
-        name,
-        parsed.not_valid_after_utc.isoformat(),
-    )
+    key_file, cert_file = _save(directory, key_pem, cert_pem, stem=stem)
     return NodeCertificate(
         cert_file=cert_file,
         key_file=key_file,
         not_before=parsed.not_valid_before_utc,
         not_after=parsed.not_valid_after_utc,
-        received=now(),
+        received=now,
     )
+
+
+async def request_certificate(
+    bootstrap: KubeClient,
+    *,
+    node_name: str,
+    directory: Path,
+    expiration_seconds: int,
+    approval_seconds: float,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> NodeCertificate:
+    """Steps 1-4 of the module docstring; the files are replaced only once a certificate is
+    signed, so a failed request leaves the previous certificate in use."""
+    key_pem, request_pem = key_and_request(node_name)
+    name = f"node-csr-{node_name}-{uuid.uuid4().hex[:8]}"[:253]
+    cert_pem = await signed_certificate(
+        bootstrap,
+        name=name,
+        spec={
+            "request": base64.b64encode(request_pem).decode(),
+            "signerName": SIGNER,
+            "usages": list(USAGES),
+            "expirationSeconds": expiration_seconds,
+        },
+        labels={"vk-provider.io/node": node_name},
+        approval_seconds=approval_seconds,
+        not_signed=(
+            "the bootstrap credentials need the ClusterRole "
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient (the chart's "
+            "identity: node binds it), and kube-controller-manager its csrapproving and "
+            "csrsigning controllers"
+        ),
+    )
+    certificate = received(directory, "node-client", key_pem, cert_pem, now=now())
+    log.info(
+        "node identity %s: certificate from %s valid until %s",
+        node_user(node_name),
+        name,
+        certificate.not_after.isoformat(),
+    )
+    return certificate
+
+
+async def retry_or_expire(
+    certificate: NodeCertificate, error: Exception, *, now: Callable[[], datetime], what: str
+) -> None:
+    """A renewal failed: wait a while (the caller retries) as long as ``certificate`` is still
+    valid; once it has expired, fail (a supervised task: the agent stops)."""
+    left = max(0.0, (certificate.not_after - now()).total_seconds())
+    if left <= 0:
+        raise NodeIdentityError(
+            f"the {what} certificate expired and renewing it failed: {error}"
+        ) from error
+    log.warning("renewing the %s certificate failed (retrying): %s", what, error)
+    await asyncio.sleep(min(_RETRY_SECONDS, left / 2))
 
 
 class NodeIdentity:
@@ -268,13 +332,7 @@ class NodeIdentity:
                         now=self._now,
                     )
                 except (ApiError, NodeIdentityError) as exc:
-                    left = self._seconds_until(self.certificate.not_after)
-                    if left <= 0:
-                        raise NodeIdentityError(
-                            f"the node certificate expired and renewing it failed: {exc}"
-                        ) from exc
-                    log.warning("renewing the node certificate failed (retrying): %s", exc)
-                    await asyncio.sleep(min(_RETRY_SECONDS, left / 2))
+                    await retry_or_expire(self.certificate, exc, now=self._now, what="node")
                     continue
                 api = self._bootstrap.with_client_certificate(fresh.cert_file, fresh.key_file)
                 previous = self.client.rebind(api)

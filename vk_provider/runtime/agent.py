@@ -57,8 +57,9 @@ from vk_provider.domain.reconcile import TerminationPolicy
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
 from vk_provider.kube.nodeidentity import NodeIdentity
+from vk_provider.kube.servingcert import ServingCertificate
 from vk_provider.runtime.agent_breakers import guard, health_of
-from vk_provider.runtime.agent_kubelet import kubelet_api_server, node_address
+from vk_provider.runtime.agent_kubelet import kubelet_api_server, node_address, serving_certificate
 from vk_provider.runtime.agent_overflow import (
     flip_taint,
     handover_controller,
@@ -97,6 +98,8 @@ class Agent:
     identity: NodeIdentity | None = None
     elector: LeaderElector | None = None
     pod_events: EventRecorder | None = None  # its senders run beside the pod workers
+    # kubelet_api.serving.source cluster: the serving certificate, renewed by a root task.
+    serving: ServingCertificate | None = None
 
     @classmethod
     async def create(
@@ -295,6 +298,10 @@ class Agent:
             homecoming=homecoming,
             elector=elector,
             pod_events=pod_events,
+            # Requested with the ServiceAccount (its role may approve it, a node's may not).
+            serving=serving_certificate(
+                config, node_admin or kube, kubelet_api, address=address, state_dir=state
+            ),
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -347,6 +354,8 @@ class Agent:
 
     async def _run_node(self) -> None:
         """The leader's work: register the node, then its loops, pods and flip."""
+        if self.serving is not None:
+            await self.serving.obtain()  # the cluster's certificate before the first handshake
         await self.kubelet_api.start()
         # The node advertises the port actually bound (0 in tests means "any free port").
         self.node.kubelet_port = self.kubelet_api.port
@@ -359,6 +368,7 @@ class Agent:
         )
         roots = {
             "kubelet-api": self.kubelet_api.serve,
+            **({"serving-certificate": self.serving.renew_forever} if self.serving else {}),
             "node-lease": self.node.run_lease_loop,
             "node-status": self.node.run_status_loop,
             "pod-watch": self.watch.run,

@@ -30,6 +30,8 @@ from vk_provider.controllers.node import default_address
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.domain.contract import Provider
 from vk_provider.kube.client import KubeClient
+from vk_provider.kube.nodeidentity import NodeCertificate
+from vk_provider.kube.servingcert import ServingCertificate
 from vk_provider.settings.agent import AgentConfig
 
 log = logging.getLogger(__name__)
@@ -84,11 +86,14 @@ def kubelet_api_server(
             state_dir / "kubelet-tls", node_name=config.node.name, ip_addresses=(address,)
         )
     in_cluster_ca = IN_CLUSTER_CA if IN_CLUSTER_CA.exists() else None  # once, at start-up
+    # With serving.source cluster the self-signed pair is only a placeholder: the cluster's
+    # certificate is loaded into this context before the server serves (serving_certificate).
+    ssl_context = build_server_ssl_context(cert, key, api_cfg.client_ca_file or in_cluster_ca)
     return KubeletApiServer(
         node_name=config.node.name,
         host=api_cfg.host,
         port=api_cfg.port,
-        ssl_context=build_server_ssl_context(cert, key, api_cfg.client_ca_file or in_cluster_ca),
+        ssl_context=ssl_context,
         authenticator=authenticator,
         authorizer=authorizer,
         logs=PodLogSource(
@@ -108,4 +113,34 @@ def kubelet_api_server(
             ),
             streams=AgentStreams(store, providers, node_name=config.node.name),
         ),
+    )
+
+
+def serving_certificate(
+    config: AgentConfig,
+    kube: KubeClient,
+    server: KubeletApiServer,
+    *,
+    address: str,
+    state_dir: Path,
+) -> ServingCertificate | None:
+    """The cluster-signed serving certificate of the kubelet API (``kube.servingcert``), loaded
+    into ``server``'s SSL context whenever it is (re)issued; None with a self-signed one."""
+    serving = config.kubelet_api.serving
+    if serving.source != "cluster":
+        return None
+
+    def load(certificate: NodeCertificate) -> None:
+        server.ssl_context.load_cert_chain(certificate.cert_file, certificate.key_file)
+
+    return ServingCertificate(
+        kube,
+        node_name=config.node.name,
+        addresses=(address,),
+        directory=state_dir / "kubelet-tls",
+        expiration_seconds=serving.certificate_seconds,
+        renew_fraction=serving.renew_fraction,
+        approval_seconds=serving.approval_timeout_seconds,
+        self_approve=serving.self_approve,
+        on_renewed=load,
     )

@@ -176,6 +176,32 @@ class _Listener(Strict):
         return int(self.listen.rpartition(":")[2])
 
 
+class ServingCertificateConfig(Strict):
+    """Where the kubelet API's serving certificate comes from (``kube.servingcert``)."""
+
+    source: Literal["self-signed", "cluster"] = Field(
+        "self-signed",
+        description="self-signed: made by the agent (the API server cannot verify it); "
+        "cluster: a CertificateSigningRequest to the kubernetes.io/kubelet-serving signer, as "
+        "a kubelet's serverTLSBootstrap (the API server can verify it with "
+        "--kubelet-certificate-authority).",
+    )
+    self_approve: bool = Field(
+        False,
+        description="With source cluster: approve our own request (deploy/rbac-serving.yaml); "
+        "otherwise an approver (kubectl certificate approve, kubelet-csr-approver) must.",
+    )
+    certificate_seconds: int = Field(
+        2_592_000, ge=3600, le=31_536_000, description="Lifetime asked for (expirationSeconds)."
+    )
+    renew_fraction: float = Field(
+        0.7, ge=0.1, le=0.9, description="Renew once this fraction of its life has passed."
+    )
+    approval_timeout_seconds: float = Field(
+        300, gt=0, le=86400, description="How long to wait for approval and signing at start."
+    )
+
+
 class KubeletApiConfig(_Listener):
     listen: str = Field("0.0.0.0:10250", description="host:port of the kubelet API (TLS).")
     tls_cert_file: Path | None = Field(
@@ -186,6 +212,19 @@ class KubeletApiConfig(_Listener):
         None,
         description="CA for client certificates; default the in-cluster service-account CA.",
     )
+    serving: ServingCertificateConfig = Field(
+        default_factory=ServingCertificateConfig,
+        description="The serving certificate when tls_cert_file is not given.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KubeletApiConfig:
+        if self.serving.source == "cluster" and (self.tls_cert_file or self.tls_key_file):
+            raise ValueError(
+                "serving.source: cluster and tls_cert_file/tls_key_file exclude each other: "
+                "the cluster signs the certificate, or you give one"
+            )
+        return self
 
 
 class RestApiConfig(_Listener):

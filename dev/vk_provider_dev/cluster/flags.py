@@ -42,6 +42,9 @@ class ClusterFlags:
 
     feature_gates: Mapping[str, Gates] = field(default_factory=dict)
     runtime_config: Mapping[str, str] = field(default_factory=dict)
+    # The API server verifies kubelets' serving certificates against the cluster CA
+    # (--kubelet-certificate-authority), as a production cluster should.
+    verify_kubelets: bool = False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.feature_gates) - set(KUBE_COMPONENTS))
@@ -55,14 +58,18 @@ class ClusterFlags:
 
     @property
     def empty(self) -> bool:
-        return not self.feature_gates and not self.runtime_config
+        return not self.feature_gates and not self.runtime_config and not self.verify_kubelets
 
     def merged(self, other: ClusterFlags) -> ClusterFlags:
         """These flags with ``other``'s on top (a gate set in both takes ``other``'s value)."""
         gates = {c: dict(g) for c, g in self.feature_gates.items()}
         for component, extra in other.feature_gates.items():
             gates.setdefault(component, {}).update(extra)
-        return ClusterFlags(gates, {**self.runtime_config, **other.runtime_config})
+        return ClusterFlags(
+            gates,
+            {**self.runtime_config, **other.runtime_config},
+            verify_kubelets=self.verify_kubelets or other.verify_kubelets,
+        )
 
     def arguments(self, component: str) -> list[str]:
         """The flags ``component`` is started with on top of its usual command line."""
@@ -77,13 +84,20 @@ class ClusterFlags:
         return args
 
     def apply(self, commands: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-        """Every command line with this component's extra flags appended (later flags win)."""
-        return {name: [*argv, *self.arguments(name)] for name, argv in commands.items()}
+        """Every command line with this component's extra flags appended (later flags win);
+        ``verify_kubelets`` makes the API server trust its own client CA for kubelets."""
+        applied = {name: [*argv, *self.arguments(name)] for name, argv in commands.items()}
+        if self.verify_kubelets and APISERVER in applied:
+            argv = applied[APISERVER]
+            ca = [a.split("=", 1)[1] for a in argv if a.startswith("--client-ca-file=")]
+            argv.extend(f"--kubelet-certificate-authority={path}" for path in ca[:1])
+        return applied
 
     def to_json(self) -> dict[str, object]:
         return {
             "feature_gates": {c: dict(g) for c, g in self.feature_gates.items()},
             "runtime_config": dict(self.runtime_config),
+            "verify_kubelets": self.verify_kubelets,
         }
 
     @classmethod
@@ -98,11 +112,17 @@ class ClusterFlags:
         return cls(
             {str(c): {str(k): bool(v) for k, v in g.items()} for c, g in gates.items()},
             {str(k): str(v) for k, v in runtime.items()},
+            verify_kubelets=bool(data.get("verify_kubelets")),
         )
 
     def describe(self) -> list[str]:
         """One line per component with extra flags, for people."""
-        return [f"{c}: {' '.join(self.arguments(c))}" for c in KUBE_COMPONENTS if self.arguments(c)]
+        lines = [
+            f"{c}: {' '.join(self.arguments(c))}" for c in KUBE_COMPONENTS if self.arguments(c)
+        ]
+        if self.verify_kubelets:
+            lines.append(f"{APISERVER}: --kubelet-certificate-authority (the cluster CA)")
+        return lines
 
 
 GANG_SCHEDULING: Final = ClusterFlags(
