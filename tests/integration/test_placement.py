@@ -91,6 +91,30 @@ async def test_cheapest_first_then_spill_over(
     assert any("placed on cheap" in e.message for e in selected)
 
 
+async def test_five_pods_at_once_spread_over_offers_with_one_create_each(
+    api: KubeClient, kube: ApiClient, namespace: str, agents: AgentHarness
+) -> None:
+    """Five pods created together on clouds with room for 2, 2 and 4: the creates under way
+    count against their offer, so two go to the cheapest, two to the next and one to the
+    third at once; no create is refused (no ProviderCreateFailed Warning)."""
+    agent = agents.start(providers=THREE_CLOUDS)
+    await _ready(api, agent)
+    await _create(kube, namespace, agent, [f"p{i}" for i in range(5)])
+
+    async def all_running() -> bool:
+        return len(_running(await _pods(api, agent, namespace))) == 5
+
+    await wait_for(all_running, timeout=60, what="5 pods Running")
+    providers = Counter(
+        p["metadata"]["annotations"]["vk-provider.io/provider"]
+        for p in await _pods(api, agent, namespace)
+    )
+    assert providers == {"cheap": 2, "mid": 2, "dear": 1}
+    assert not await _events(kube, namespace, "ProviderCreateFailed")
+    made = [ln for ln in agent.log_text().splitlines() if "placed on" in ln]
+    assert len(made) == 5, made  # one create each
+
+
 async def test_a_failing_provider_is_avoided_and_its_breaker_opens(
     api: KubeClient, kube: ApiClient, namespace: str, agents: AgentHarness
 ) -> None:
