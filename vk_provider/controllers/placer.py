@@ -285,7 +285,7 @@ class Placer:
             f"(${instance.price_per_hour:.2f}/h): with it the spend would exceed a budget cap; "
             "terminating it"
         )
-        log.warning("pod %s/%s: %s", *pod.key, message)
+        log.warning("pod %s/%s: %s", *pod.key, message, extra=about(pod.key, instance.instance_id))
         await self._write.event(
             pod, explain.Event(explain.WARNING, explain.BUDGET_EXCEEDED, message)
         )
@@ -293,7 +293,12 @@ class Placer:
         try:
             await self._providers[instance.provider].delete(instance.instance_id, grace_seconds=0)
         except ProviderError as exc:  # reconciliation terminates it as an orphan meanwhile
-            log.info("terminating %s (not adopted) failed: %s", instance.instance_id, exc)
+            log.info(
+                "terminating %s (not adopted) failed: %s",
+                instance.instance_id,
+                exc,
+                extra=about(pod.key, instance.instance_id, instance.provider),
+            )
         self._tracker.forget(instance.provider, instance.instance_id)
         self._queue.add_rate_limited(pod.key, cap=self._intervals.retry_backoff_max_seconds)
 
@@ -339,7 +344,12 @@ class Placer:
                     previous.instance_id, grace_seconds=0
                 )
             except ProviderError as exc:  # reconciliation removes it as an old attempt
-                log.info("releasing %s after a relaunch failed: %s", previous.instance_id, exc)
+                log.info(
+                    "releasing %s after a relaunch failed: %s",
+                    previous.instance_id,
+                    exc,
+                    extra=about(pod.key, previous.instance_id, previous.provider),
+                )
         memory.pending_polls = 0
         self._queue.add_after(pod.key, memory.next_start_poll(self._intervals))
 
@@ -396,7 +406,12 @@ class Placer:
         try:
             await self._providers[previous.provider].delete(previous.instance_id, grace_seconds=0)
         except ProviderError as exc:  # retried with the next relaunch attempt
-            log.info("releasing exited %s for its relaunch failed: %s", previous.instance_id, exc)
+            log.info(
+                "releasing exited %s for its relaunch failed: %s",
+                previous.instance_id,
+                exc,
+                extra=about(instance=previous.instance_id, provider=previous.provider),
+            )
             return False
         return True
 

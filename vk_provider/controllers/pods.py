@@ -65,6 +65,7 @@ from vk_provider.domain.lifecycle import (
     Step,
     decide,
 )
+from vk_provider.domain.logfields import about
 from vk_provider.domain.models import Instance
 from vk_provider.domain.offerindex import OfferIndex
 from vk_provider.domain.podview import PodKey, PodPlacement, PodView
@@ -362,9 +363,11 @@ class PodController:
                 if isinstance(exc, ApiError) and (_unavailable(exc) or _refused_identity(exc)):
                     self._api_failed.add(key)
                 delay = self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
-                log.warning("sync of pod %s/%s: %s; retrying in %.1fs", *key, exc, delay)
+                log.warning(
+                    "sync of pod %s/%s: %s; retrying in %.1fs", *key, exc, delay, extra=about(key)
+                )
             except Exception:
-                log.exception("sync of pod %s/%s failed; retrying", *key)
+                log.exception("sync of pod %s/%s failed; retrying", *key, extra=about(key))
                 self.queue.add_rate_limited(key, cap=SYNC_ERROR_CAP_SECONDS)
             finally:
                 self.queue.done(key)
@@ -416,7 +419,7 @@ class PodController:
         except NotFound:
             return MISSING
         except ProviderError as exc:
-            log.info("pod %s/%s: cannot read its instance: %s", *pod.key, exc)
+            log.info("pod %s/%s: cannot read its instance: %s", *pod.key, exc, extra=about(pod.key))
             return UNREACHABLE
         self.tracker.remember(instance)
         return Sighting.of(instance)

@@ -44,6 +44,7 @@ from vk_provider.domain import explain
 from vk_provider.domain.containers import ContainerState, ContainerStatus, Probe
 from vk_provider.domain.contract import Provider, SupportsContainerRestart
 from vk_provider.domain.errors import ProviderError
+from vk_provider.domain.logfields import about
 from vk_provider.domain.models import Instance
 from vk_provider.domain.podspec import InvalidPodSpec, ports
 from vk_provider.domain.podview import PodKey, PodView
@@ -233,12 +234,23 @@ class Prober:
         )
         await self._events(pod, event)
         if not isinstance(provider, SupportsContainerRestart):
-            log.warning("provider %s cannot restart container %s", instance.provider, container)
+            log.warning(
+                "provider %s cannot restart container %s",
+                instance.provider,
+                container,
+                extra=about(pod.key, instance.instance_id, instance.provider),
+            )
             return
         try:
             await provider.restart_container(instance.instance_id, container)
         except ProviderError as exc:
-            log.warning("restarting %s of %s/%s failed: %s", container, *pod.key, exc)
+            log.warning(
+                "restarting %s of %s/%s failed: %s",
+                container,
+                *pod.key,
+                exc,
+                extra=about(pod.key, instance.instance_id, instance.provider),
+            )
 
     async def _probe_run(
         self,

@@ -27,6 +27,7 @@ from vk_provider.controllers.pods import PodController
 from vk_provider.controllers.podwatch import PodStore, PodWatch
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import ProviderError
+from vk_provider.domain.logfields import about
 from vk_provider.domain.reconcile import (
     Action,
     Adopt,
@@ -129,6 +130,7 @@ class Reconciler:
                 action.pod_uid,
                 action.reason,
                 f" (attempt {record.attempts + 1})" if record.attempts else "",
+                extra=about(instance=action.instance_id, provider=action.provider),
             )
             await self._providers[action.provider].delete(action.instance_id, grace_seconds=0)
             self._observer.instance_terminated(action.provider, action.reason)

@@ -115,7 +115,12 @@ class Terminator:
         try:
             await self._providers[placed.provider].delete(placed.instance_id, grace_seconds=grace)
         except ProviderError as exc:
-            log.info("pod %s/%s: stopping its instance failed: %s", *pod.key, exc)
+            log.info(
+                "pod %s/%s: stopping its instance failed: %s",
+                *pod.key,
+                exc,
+                extra=about(pod.key, placed.instance_id, placed.provider),
+            )
         else:
             # The listed state is stale now: the next look asks the provider how it goes.
             self._tracker.forget(placed.provider, placed.instance_id)
@@ -126,7 +131,13 @@ class Terminator:
         try:
             await self._providers[provider].delete(instance_id, grace_seconds=0)
         except ProviderError as exc:
-            log.warning("terminating instance %s on %s failed: %s", instance_id, provider, exc)
+            log.warning(
+                "terminating instance %s on %s failed: %s",
+                instance_id,
+                provider,
+                exc,
+                extra=about(instance=instance_id, provider=provider),
+            )
             return False
         return True
 
@@ -147,6 +158,7 @@ class Terminator:
                 "pod %s/%s: instance not confirmed gone; deleting the pod, "
                 "reconciliation terminates the instance",
                 *pod.key,
+                extra=about(pod.key, placed.instance_id, placed.provider),
             )
         await self._write.delete(pod)
         log.info(
@@ -177,7 +189,12 @@ class Terminator:
                 except NotFound:
                     self._tracker.forget(placed.provider, placed.instance_id)
                 except ProviderError as exc:
-                    log.info("pod %s/%s: releasing its instance: %s", *pod.key, exc)
+                    log.info(
+                        "pod %s/%s: releasing its instance: %s",
+                        *pod.key,
+                        exc,
+                        extra=about(pod.key, placed.instance_id, placed.provider),
+                    )
                     self._queue.add_rate_limited(pod.key, cap=self._retry_cap)
         self._report.forget(pod.uid)
         if self._ledger.forget_estimate(pod.uid):
