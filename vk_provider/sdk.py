@@ -48,6 +48,7 @@ from vk_provider.domain.models import (
     LogOptions,
     Offer,
     Port,
+    PortEndpoint,
     WorkloadSpec,
 )
 from vk_provider.domain.node import VIRTUAL_NODE_TAINT_KEY
@@ -85,6 +86,7 @@ __all__ = [
     "NotSent",
     "Offer",
     "Port",
+    "PortEndpoint",
     "PortStream",
     "Probe",
     "Provider",

@@ -8,10 +8,10 @@ from vk_provider.domain.endpointslices import (
     MAX_ENDPOINTS,
     DeclaredPort,
     ExposedPod,
-    PortEndpoint,
     changes,
     slices_for,
 )
+from vk_provider.domain.models import PortEndpoint
 
 NODE = "vk-gpu"
 

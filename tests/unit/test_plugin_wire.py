@@ -203,3 +203,21 @@ def test_garbled_specs_capabilities_and_usage_name_the_field() -> None:
         wire.capabilities_from_pb(pb.Capabilities(probes="everyone"))
     with pytest.raises(wire.WireError, match=r"usage.containers\[0\].timestamp"):
         wire.usage_from_pb(pb.UsageResponse(containers=[pb.ContainerUsage(name="c")]))
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "field"),
+    [
+        (pb.PortEndpoint(container_port=0, protocol="TCP", address="a", port=1), "container_port"),
+        (pb.PortEndpoint(container_port=1, protocol="TCP", address="a", port=70000), "port"),
+        (pb.PortEndpoint(container_port=1, protocol="HTTP", address="a", port=1), "protocol"),
+        (pb.PortEndpoint(container_port=1, protocol="TCP", address="", port=1), "address"),
+    ],
+)
+def test_an_endpoint_no_client_could_reach_is_refused_naming_the_field(
+    endpoint: pb.PortEndpoint, field: str
+) -> None:
+    message = pb.Instance(instance_id="i", state=pb.Instance.RUNNING, endpoints=[endpoint])
+    with pytest.raises(wire.WireError) as raised:
+        wire.instance_from_pb(message, provider="p")
+    assert raised.value.field == f"instance.endpoints[0].{field}"

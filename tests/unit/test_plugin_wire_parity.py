@@ -29,7 +29,14 @@ from vk_provider.domain.containers import (
     ContainerUsage,
     Termination,
 )
-from vk_provider.domain.models import Capabilities, Instance, InstanceState, LogOptions, Offer
+from vk_provider.domain.models import (
+    Capabilities,
+    Instance,
+    InstanceState,
+    LogOptions,
+    Offer,
+    PortEndpoint,
+)
 from vk_provider_adapters.plugin import wire, wire_workload
 from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
 
@@ -126,6 +133,10 @@ INSTANCE = Instance(
     ),
     init_containers=(
         ContainerStatus(name="migrate", state=ContainerState.TERMINATED, exit_code=0),
+    ),
+    endpoints=(
+        PortEndpoint(8000, "TCP", "203.0.113.7", 40123),
+        PortEndpoint(8080, "TCP", "abc123-8080.proxy.runpod.net", 443),
     ),
 )
 OFFER = Offer(

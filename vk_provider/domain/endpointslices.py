@@ -35,8 +35,9 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv6Address, ip_address
 from typing import Any, Final
+
+from vk_provider.domain.models import PortEndpoint
 
 JSON = dict[str, Any]
 
@@ -45,24 +46,6 @@ MANAGED_BY_LABEL: Final = "endpointslice.kubernetes.io/managed-by"
 SERVICE_LABEL: Final = "kubernetes.io/service-name"
 NODE_LABEL: Final = "vk-provider.io/node"
 MAX_ENDPOINTS: Final = 100  # kube-controller-manager's default --max-endpoints-per-slice
-
-
-@dataclass(frozen=True, slots=True)
-class PortEndpoint:
-    """Where a client in the cluster reaches one declared container port of a pod."""
-
-    container_port: int
-    protocol: str
-    address: str  # an IP address, or a hostname the provider gives instead
-    port: int
-
-    @property
-    def address_type(self) -> str:
-        try:
-            parsed = ip_address(self.address)
-        except ValueError:
-            return "FQDN"
-        return "IPv6" if isinstance(parsed, IPv6Address) else "IPv4"
 
 
 @dataclass(frozen=True, slots=True)

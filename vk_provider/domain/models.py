@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime
+from ipaddress import IPv6Address, ip_address
 
 from vk_provider.domain.containers import ContainerSpec, ContainerStatus
 from vk_provider.domain.envvar import EnvVar, Port
@@ -106,6 +107,27 @@ class InstanceState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class PortEndpoint:
+    """Where a client in the cluster reaches one declared container port of an instance: the
+    address and port the provider exposes it at (an IP address, or a hostname the provider
+    gives instead), for that ``container_port`` and ``protocol``."""
+
+    container_port: int
+    protocol: str
+    address: str
+    port: int
+
+    @property
+    def address_type(self) -> str:
+        """The EndpointSlice address type: IPv4, IPv6 or FQDN."""
+        try:
+            parsed = ip_address(self.address)
+        except ValueError:
+            return "FQDN"
+        return "IPv6" if isinstance(parsed, IPv6Address) else "IPv4"
+
+
+@dataclass(frozen=True, slots=True)
 class Instance:
     """A provider's view of one launched workload."""
 
@@ -125,6 +147,9 @@ class Instance:
     # empty for a single-container provider, whose one container is the instance itself.
     containers: tuple[ContainerStatus, ...] = ()
     init_containers: tuple[ContainerStatus, ...] = ()
+    # Each declared container port the provider exposes, where the cluster reaches it; a
+    # declared port missing here is not reachable (its Services leave this pod out).
+    endpoints: tuple[PortEndpoint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

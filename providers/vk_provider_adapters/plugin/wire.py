@@ -35,6 +35,7 @@ from vk_provider.sdk import (
     InstanceState,
     LogOptions,
     Offer,
+    PortEndpoint,
     Termination,
 )
 from vk_provider_adapters.plugin._gen.vkprovider.v1 import provider_pb2 as pb
@@ -272,6 +273,12 @@ def instance_to_pb(instance: Instance) -> pb.Instance:
         price_per_hour=instance.price_per_hour,
         containers=[_status_to_pb(s) for s in instance.containers],
         init_containers=[_status_to_pb(s) for s in instance.init_containers],
+        endpoints=[
+            pb.PortEndpoint(
+                container_port=e.container_port, protocol=e.protocol, address=e.address, port=e.port
+            )
+            for e in instance.endpoints
+        ],
     )
 
 
@@ -307,6 +314,34 @@ def instance_from_pb(message: pb.Instance, *, provider: str) -> Instance:
             _status_from_pb(s, f"instance.init_containers[{i}]")
             for i, s in enumerate(message.init_containers)
         ),
+        endpoints=tuple(
+            _endpoint_from_pb(e, f"instance.endpoints[{i}]")
+            for i, e in enumerate(message.endpoints)
+        ),
+    )
+
+
+_PROTOCOLS = ("TCP", "UDP", "SCTP")
+
+
+def _endpoint_from_pb(message: pb.PortEndpoint, where: str) -> PortEndpoint:
+    """A reported endpoint, refused with the field named when it could not be reached."""
+    for name in ("container_port", "port"):
+        if not 1 <= getattr(message, name) <= 65535:
+            raise WireError(f"{where}.{name}", f"{getattr(message, name)} is not a port (1-65535)")
+    if message.protocol not in _PROTOCOLS:
+        raise WireError(f"{where}.protocol", f"{message.protocol!r} is not TCP, UDP or SCTP")
+    if (
+        not message.address
+        or len(message.address) > 253
+        or any(c.isspace() for c in message.address)
+    ):
+        raise WireError(f"{where}.address", "is not an IP address or a hostname")
+    return PortEndpoint(
+        container_port=message.container_port,
+        protocol=message.protocol,
+        address=message.address,
+        port=message.port,
     )
 
 

@@ -313,7 +313,7 @@ class ContainerStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[ContainerStatus.State, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restart_count: _Optional[int] = ..., last_termination: _Optional[_Union[Termination, _Mapping]] = ..., ready: _Optional[bool] = ..., started: _Optional[bool] = ...) -> None: ...
 
 class Instance(_message.Message):
-    __slots__ = ("provider", "instance_id", "pod_uid", "attempt", "state", "offer_key", "exit_code", "message", "started_at", "finished_at", "ip", "price_per_hour", "containers", "init_containers")
+    __slots__ = ("provider", "instance_id", "pod_uid", "attempt", "state", "offer_key", "exit_code", "message", "started_at", "finished_at", "ip", "price_per_hour", "containers", "init_containers", "endpoints")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[Instance.State]
@@ -344,6 +344,7 @@ class Instance(_message.Message):
     PRICE_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     INIT_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     provider: str
     instance_id: str
     pod_uid: str
@@ -358,7 +359,20 @@ class Instance(_message.Message):
     price_per_hour: float
     containers: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
     init_containers: _containers.RepeatedCompositeFieldContainer[ContainerStatus]
-    def __init__(self, provider: _Optional[str] = ..., instance_id: _Optional[str] = ..., pod_uid: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[Instance.State, str]] = ..., offer_key: _Optional[str] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ip: _Optional[str] = ..., price_per_hour: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., init_containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ...) -> None: ...
+    endpoints: _containers.RepeatedCompositeFieldContainer[PortEndpoint]
+    def __init__(self, provider: _Optional[str] = ..., instance_id: _Optional[str] = ..., pod_uid: _Optional[str] = ..., attempt: _Optional[int] = ..., state: _Optional[_Union[Instance.State, str]] = ..., offer_key: _Optional[str] = ..., exit_code: _Optional[int] = ..., message: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ip: _Optional[str] = ..., price_per_hour: _Optional[float] = ..., containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., init_containers: _Optional[_Iterable[_Union[ContainerStatus, _Mapping]]] = ..., endpoints: _Optional[_Iterable[_Union[PortEndpoint, _Mapping]]] = ...) -> None: ...
+
+class PortEndpoint(_message.Message):
+    __slots__ = ("container_port", "protocol", "address", "port")
+    CONTAINER_PORT_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    container_port: int
+    protocol: str
+    address: str
+    port: int
+    def __init__(self, container_port: _Optional[int] = ..., protocol: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("instance_id",)
