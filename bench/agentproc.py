@@ -119,7 +119,11 @@ def start_agent(
     dirs = {p["name"]: root / "instances" / p["name"] for p in providers if p["type"] == "local"}
     config = {
         "node": {"name": node, "address": "127.0.0.1", "max_pods": 10000},
-        "kubelet_api": {"listen": "127.0.0.1:0", "client_ca_file": str(ca)},
+        "kubelet_api": {
+            "listen": "127.0.0.1:0",
+            "client_ca_file": str(ca),
+            "serving": {"source": "self-signed"},  # the bench's API server does not verify it
+        },
         "rest": {"listen": "127.0.0.1:0", "static_token": f"file:{token}"},
         "providers": [
             {**p, "state_dir": str(dirs[p["name"]])} if p["name"] in dirs else p for p in providers

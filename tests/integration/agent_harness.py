@@ -151,6 +151,7 @@ class AgentHarness:
         env: dict[str, str] | None = None,
         log_level: str = "debug",
         cluster_serving: bool = False,
+        endpoint_slices: dict[str, Any] | None = None,
     ) -> AgentProcess:
         node_name = (node or {}).get("name") or f"vk-{uuid.uuid4().hex[:8]}"
         root = self._tmp / node_name
@@ -165,8 +166,13 @@ class AgentHarness:
                 "listen": "127.0.0.1:0",
                 "client_ca_file": str(self._cluster.pki.ca.cert),
             }
-            # A serving certificate the cluster signs, the agent approving its own request.
-            | ({"serving": {"source": "cluster", "self_approve": True}} if cluster_serving else {}),
+            # A serving certificate the cluster signs, the agent approving its own request;
+            # else a self-signed one, configured (the session cluster does not verify it).
+            | {
+                "serving": {"source": "cluster", "self_approve": True}
+                if cluster_serving
+                else {"source": "self-signed"}
+            },
             # Without the static token, REST callers are checked by TokenReview and
             # SubjectAccessReview against the cluster, as in production.
             "rest": {"listen": "127.0.0.1:0"}
@@ -194,6 +200,8 @@ class AgentHarness:
             config["overflow"] = overflow
         if leader_election:
             config["leader_election"] = leader_election
+        if endpoint_slices:
+            config["endpoint_slices"] = endpoint_slices
         provider_entries = list(config["providers"])
         config_path = root / "agent.yaml"
         config_path.write_text(yaml.safe_dump(config))
@@ -203,7 +211,12 @@ class AgentHarness:
                 for part in ("handover", "move_home")
             )
             kubeconfig = shipped_role.grant(
-                self._cluster, node_name, root, handover=handover, serving=cluster_serving
+                self._cluster,
+                node_name,
+                root,
+                handover=handover,
+                serving=cluster_serving,
+                traffic=bool((endpoint_slices or {}).get("enabled")),
             )
             env = {"POD_NAMESPACE": AUDITED_NAMESPACE, **(env or {})}
             self._granted.add(node_name)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers import wait_for
+from tests.helpers import wait_for, wait_until
 from tests.integration.agent_harness import AgentHarness, AgentProcess
 from vk_provider_dev.cluster import netns
 from vk_provider_dev.cluster.cluster import LocalCluster
@@ -88,6 +90,13 @@ def start_agent_on(
         config["kubelet_api"].update(listen=f"{link.host_address}:0")
         agent.config_path.write_text(yaml.safe_dump(config))
         agent.start()
+        # The node runs before its certificate is signed; the kubelet API serves once it is.
+        wait_until(
+            lambda: serves_a_certificate_of(cluster, agent.node, link.host_address),
+            timeout=120,
+            interval=0.5,
+            what=f"the kubelet API of {agent.node} serving a cluster-signed certificate",
+        )
         return agent
     serving = CertPair(
         agent.config_path.parent / "kubelet.crt", agent.config_path.parent / "kubelet.key"
@@ -102,6 +111,7 @@ def start_agent_on(
     )
     config = yaml.safe_load(agent.config_path.read_text())
     config.update(settings or {})
+    config["kubelet_api"].pop("serving")  # given files instead
     config["kubelet_api"].update(
         listen=f"{link.host_address}:0",
         tls_cert_file=str(serving.cert),
@@ -110,6 +120,37 @@ def start_agent_on(
     agent.config_path.write_text(yaml.safe_dump(config))
     agent.start()
     return agent
+
+
+def serves_a_certificate_of(cluster: LocalCluster, node: str, address: str) -> bool:
+    """Whether the kubelet API ``node`` advertises completes a TLS handshake verified
+    against the cluster CA for ``address``."""
+    answer = subprocess.run(
+        [
+            KUBECTL,
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "get",
+            "node",
+            node,
+            "-o",
+            "jsonpath={.status.daemonEndpoints.kubeletEndpoint.Port}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if answer.returncode != 0 or not answer.stdout.strip().isdigit():
+        return False
+    context = ssl.create_default_context(cafile=str(cluster.pki.ca.cert))
+    try:
+        with (
+            socket.create_connection((address, int(answer.stdout)), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname=address),
+        ):
+            return True
+    except (OSError, ssl.SSLError):
+        return False
 
 
 class Commands:

@@ -29,10 +29,14 @@ LABEL = "vk-provider.io/test-node"
 _KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount")
 
 
-def shipped_documents(*, handover: bool = False, serving: bool = False) -> list[dict[str, Any]]:
+def shipped_documents(
+    *, handover: bool = False, serving: bool = False, traffic: bool = False
+) -> list[dict[str, Any]]:
     """deploy/rbac.yaml, and deploy/rbac-handover.yaml beside it for a hand-over agent,
-    deploy/rbac-serving.yaml for one whose serving certificate the cluster signs."""
-    files = ["rbac.yaml"] + ["rbac-handover.yaml"] * handover + ["rbac-serving.yaml"] * serving
+    deploy/rbac-serving.yaml and -approve.yaml for one whose serving certificate the cluster
+    signs on its own approval, deploy/rbac-traffic.yaml for one writing EndpointSlices."""
+    files = ["rbac.yaml"] + ["rbac-handover.yaml"] * handover + ["rbac-traffic.yaml"] * traffic
+    files += ["rbac-serving.yaml", "rbac-serving-approve.yaml"] * serving
     return [d for f in files for d in yaml.safe_load_all((DEPLOY / f).read_text()) if d]
 
 
@@ -40,9 +44,11 @@ def account_for(node: str) -> str:
     return f"agent-{node}"
 
 
-def render(node: str, *, handover: bool = False, serving: bool = False) -> list[dict[str, Any]]:
+def render(
+    node: str, *, handover: bool = False, serving: bool = False, traffic: bool = False
+) -> list[dict[str, Any]]:
     """deploy/rbac.yaml's objects bound to its ServiceAccount, rewritten for ``node``."""
-    documents = shipped_documents(handover=handover, serving=serving)
+    documents = shipped_documents(handover=handover, serving=serving, traffic=traffic)
     bound = {
         (d["roleRef"]["kind"], d["roleRef"]["name"], d["metadata"].get("namespace"))
         for d in documents
@@ -82,16 +88,20 @@ def grant(
     *,
     handover: bool = False,
     serving: bool = False,
+    traffic: bool = False,
 ) -> Path:
     """Apply the rendered role for ``node`` (with the hand-over's when ``handover``, the
-    serving certificate's when ``serving``); a kubeconfig of its ServiceAccount's token."""
+    serving certificate's when ``serving``, the EndpointSlices' when ``traffic``); a
+    kubeconfig of its ServiceAccount's token."""
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AUDITED_NAMESPACE}}
     applied = _kubectl(
         cluster,
         "apply",
         "-f",
         "-",
-        stdin=yaml.safe_dump_all([namespace, *render(node, handover=handover, serving=serving)]),
+        stdin=yaml.safe_dump_all(
+            [namespace, *render(node, handover=handover, serving=serving, traffic=traffic)]
+        ),
     )
     if applied.returncode != 0:
         raise RuntimeError(f"applying the shipped role for {node}: {applied.stderr}")

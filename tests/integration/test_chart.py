@@ -37,12 +37,14 @@ from tests.integration.agent_harness import (
     AgentProcess,
     pod_on,
 )
+from tests.integration.kubelet_node import serves_a_certificate_of
 from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.helm import HELM, ensure_helm
 
 pytestmark = pytest.mark.integration
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "vk-provider"
+NODE_CLIENT_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
 
 
@@ -126,18 +128,29 @@ def test_the_service_account_roles_are_deploy_rbac_yaml_s(helm: Path) -> None:
 
 
 def _feature_role(
-    helm: Path, tmp_path: Path, values: dict[str, Any], raw_file: str, suffix: str
+    helm: Path,
+    tmp_path: Path,
+    values: dict[str, Any],
+    raw_file: str,
+    suffix: str,
+    *,
+    without: tuple[dict[str, Any], ...] = ({},),
 ) -> None:
-    """The chart renders the role ``<release>-vk-provider-<suffix>`` only with ``values``,
-    with the rules of deploy/<raw_file>, bound to the chart's ServiceAccount."""
-    plain = _run([str(helm), "template", "r", str(CHART)])
-    assert plain.returncode == 0, plain.stderr
-    assert f"r-vk-provider-{suffix}" not in plain.stdout
-    rendered = _run(
-        [str(helm), "template", "r", str(CHART), "-f", str(_values_file(tmp_path, values))]
-    )
-    assert rendered.returncode == 0, rendered.stderr
-    ours = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered.stdout) if d}
+    """The chart renders the role ``<release>-vk-provider-<suffix>`` with ``values`` and not
+    with any of ``without`` (default: the chart's defaults), with the rules of
+    deploy/<raw_file>, bound to the chart's ServiceAccount."""
+
+    def render(given: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+        answer = _run(
+            [str(helm), "template", "r", str(CHART), "-f", str(_values_file(tmp_path, given))]
+        )
+        assert answer.returncode == 0, answer.stderr
+        documents = yaml.safe_load_all(answer.stdout)
+        return {(d["kind"], d["metadata"]["name"]): d for d in documents if d}
+
+    for other in without:
+        assert ("ClusterRole", f"r-vk-provider-{suffix}") not in render(other), other
+    ours = render(values)
     raw = {
         (d["kind"], d["metadata"]["name"]): d
         for d in yaml.safe_load_all((CHART.parents[1] / raw_file).read_text())
@@ -157,12 +170,48 @@ def test_the_hand_over_role_is_rendered_only_with_the_hand_over_and_is_deploy_s(
     _feature_role(helm, tmp_path, values, "rbac-handover.yaml", "handover")
 
 
-def test_the_serving_role_is_rendered_only_for_a_cluster_signed_certificate_and_is_deploy_s(
+def test_the_traffic_role_is_rendered_only_with_endpoint_slices_and_is_deploy_s(
     helm: Path, tmp_path: Path
 ) -> None:
-    """kubelet_api.serving.source cluster adds deploy/rbac-serving.yaml's rights, and only then."""
-    values = {"config": {"kubelet_api": {"serving": {"source": "cluster", "self_approve": True}}}}
-    _feature_role(helm, tmp_path, values, "rbac-serving.yaml", "serving")
+    """endpoint_slices.enabled adds deploy/rbac-traffic.yaml's rights, and only then."""
+    values = {"config": {"endpoint_slices": {"enabled": True}}}
+    _feature_role(helm, tmp_path, values, "rbac-traffic.yaml", "traffic")
+
+
+def _api(settings: dict[str, Any]) -> dict[str, Any]:
+    return {"config": {"kubelet_api": settings}}
+
+
+def test_the_serving_role_is_rendered_by_default_and_not_for_a_self_signed_or_given_one(
+    helm: Path, tmp_path: Path
+) -> None:
+    """A cluster-signed serving certificate is the default: deploy/rbac-serving.yaml's rights
+    come with it, and not when the certificate is self-signed or given as files."""
+    _feature_role(
+        helm,
+        tmp_path,
+        {},
+        "rbac-serving.yaml",
+        "serving",
+        without=(
+            _api({"serving": {"source": "self-signed"}}),
+            _api({"tls_cert_file": "/tls/c.pem", "tls_key_file": "/tls/k.pem"}),
+        ),
+    )
+
+
+def test_the_approve_role_is_rendered_only_with_self_approve_and_is_deploy_s(
+    helm: Path, tmp_path: Path
+) -> None:
+    """serving.self_approve adds deploy/rbac-serving-approve.yaml's rights, and only then."""
+    _feature_role(
+        helm,
+        tmp_path,
+        _api({"serving": {"self_approve": True}}),
+        "rbac-serving-approve.yaml",
+        "serving-approve",
+        without=({}, _api({"serving": {"source": "self-signed", "self_approve": True}})),
+    )
 
 
 def test_the_roles_follow_the_node_name_and_secret_namespaces(helm: Path, tmp_path: Path) -> None:
@@ -310,6 +359,12 @@ def _as_token(token: str, control_plane: LocalCluster) -> httpx.AsyncClient:
     )
 
 
+async def _kubelet_port(api: KubeClient, node: str) -> int | None:
+    body = await api.get_node(node)
+    endpoint = ((body or {}).get("status") or {}).get("daemonEndpoints") or {}
+    return int((endpoint.get("kubeletEndpoint") or {}).get("Port") or 0) or None
+
+
 @pytest.mark.parametrize("identity", ["serviceAccount", "node"])
 async def test_install_then_the_agent_runs_with_what_the_chart_created(
     identity: str,
@@ -425,6 +480,31 @@ async def test_install_then_the_agent_runs_with_what_the_chart_created(
         async def rest_url() -> str | None:
             return agent.rest_url()
 
+        # The chart's default serving certificate: the cluster signs it once an operator
+        # approves the node's request (docs/kubelet-api.md); until then no handshake.
+        port = await wait_for(
+            lambda: _kubelet_port(api, node_name), timeout=30, what="the kubelet port"
+        )
+        assert not serves_a_certificate_of(control_plane, node_name, "127.0.0.1")
+
+        async def request() -> str | None:
+            listed = _kubectl(
+                control_plane.kubeconfig,
+                "get", "csr", "-l", f"vk-provider.io/node={node_name}",
+                "--field-selector", "spec.signerName=kubernetes.io/kubelet-serving", "-o", "name",
+            )  # fmt: skip (identity: node has a client certificate request too)
+            names = listed.stdout.split()
+            return names[-1].rpartition("/")[2] if listed.returncode == 0 and names else None
+
+        csr = await wait_for(request, timeout=60, what="the serving certificate request")
+        approved = _kubectl(control_plane.kubeconfig, "certificate", "approve", csr)
+        assert approved.returncode == 0, approved.stderr
+
+        async def signed() -> bool:
+            return serves_a_certificate_of(control_plane, node_name, "127.0.0.1")
+
+        await wait_for(signed, timeout=60, what=f"the kubelet API on {port} serving it")
+
         base = await wait_for(rest_url, timeout=30, what="the REST API to listen")
         async with httpx.AsyncClient(base_url=base, timeout=10) as rest:
             # The credential came from the Secret through the Deployment's env.
@@ -491,7 +571,10 @@ async def test_install_then_the_agent_runs_with_what_the_chart_created(
             # Approved by the csrapproving controller (the nodeclient ClusterRole), not by us.
             certificates = client.CertificatesV1Api(kube)
             selector = f"vk-provider.io/node={node_name}"
-            csrs = await certificates.list_certificate_signing_request(label_selector=selector)
+            client_csrs = f"spec.signerName={NODE_CLIENT_SIGNER}"  # not the serving one
+            csrs = await certificates.list_certificate_signing_request(
+                label_selector=selector, field_selector=client_csrs
+            )
             assert csrs.items
             for csr in csrs.items:
                 approved = [c for c in csr.status.conditions if c.type == "Approved"]
@@ -507,7 +590,9 @@ async def test_install_then_the_agent_runs_with_what_the_chart_created(
                 return fresh.serial_number != first_serial
 
             await wait_for(renewed, timeout=150, interval=1, what="the node certificate renewed")
-            renewals = await certificates.list_certificate_signing_request(label_selector=selector)
+            renewals = await certificates.list_certificate_signing_request(
+                label_selector=selector, field_selector=client_csrs
+            )
             assert len(renewals.items) >= 2
             await core.create_namespaced_pod(
                 namespace,

@@ -6,8 +6,9 @@ careful production cluster does; each agent asks the cluster to sign its serving
 (``kubelet_api.serving.source: cluster``, approving its own request with the rights of
 deploy/rbac-serving.yaml, ``kubelet_node.start_agent_on``). The tests are
 ``test_kubelet_endpoints``' own, collected here unchanged: the ``control_plane`` fixture below
-overrides the session's for them (and for every fixture they use that builds on it). The
-``kubectl top`` test stays there: its metrics-server belongs to the session's cluster.
+overrides the session's for them (and for every fixture they use that builds on it), and
+``metrics`` runs a metrics-server of its own on it for ``kubectl top``: metrics-server, too,
+verifies the kubelet's certificate against the cluster CA.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tests.integration.test_kubelet_endpoints import (
     test_attach_follows_the_containers_output,
     test_exec_on_a_provider_without_it_says_why,
     test_exec_one_shot_interactive_and_on_a_terminal,
+    test_kubectl_top_pod_and_node,
     test_logs_previous_returns_the_run_before,
     test_pods_and_running_pods_through_the_node_proxy,
     test_port_forward_reaches_the_pods_port,
@@ -38,6 +40,7 @@ from vk_provider_dev.cluster import netns
 from vk_provider_dev.cluster.binaries import ensure_binaries
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.flags import ClusterFlags
+from vk_provider_dev.cluster.metrics_server import MetricsServer, ensure_metrics_server
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +48,7 @@ __all__ = [
     "test_attach_follows_the_containers_output",
     "test_exec_on_a_provider_without_it_says_why",
     "test_exec_one_shot_interactive_and_on_a_terminal",
+    "test_kubectl_top_pod_and_node",
     "test_logs_previous_returns_the_run_before",
     "test_pods_and_running_pods_through_the_node_proxy",
     "test_port_forward_reaches_the_pods_port",
@@ -63,6 +67,17 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         cluster.down()
 
 
+@pytest.fixture(scope="module")
+def metrics(control_plane: LocalCluster) -> Iterator[MetricsServer]:
+    """A metrics-server of this module's cluster (the session's belongs to the other)."""
+    server = MetricsServer(control_plane, ensure_metrics_server())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
 async def test_a_self_signed_kubelet_is_not_trusted_by_this_api_server(
     agents: AgentHarness,
     api: KubeClient,
@@ -71,7 +86,7 @@ async def test_a_self_signed_kubelet_is_not_trusted_by_this_api_server(
     node_link: netns.VethNamespace,
     kubectl: Commands,
 ) -> None:
-    """The check is on: an agent with the default self-signed certificate gets no
+    """The check is on: an agent configured with a self-signed certificate gets no
     ``kubectl logs`` through this API server, so the tests above pass on the cluster-signed
     one, not on a trust that is not there."""
     agent = agents.start(providers=[LOCAL], node={"address": node_link.host_address}, start=False)

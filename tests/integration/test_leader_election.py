@@ -331,3 +331,66 @@ async def _rest_after(agent: AgentProcess, offset: int) -> str:
         return f"http://{host}:{port}"
 
     return await wait_for(url, timeout=30, what="the restarted REST API")
+
+
+async def _node_lease_renewed(api: KubeClient, node: str) -> str:
+    lease = await api.get_lease(node, namespace="kube-node-lease")
+    return str(((lease or {}).get("spec") or {}).get("renewTime") or "")
+
+
+async def test_a_restarted_agent_takes_its_own_lease_back_at_once_and_nothing_goes_unready(
+    kube: ApiClient, api: KubeClient, agents: AgentHarness, namespace: str
+) -> None:
+    """SIGKILLed and started again on the same state directory, outside a pod (no
+    ``POD_NAME``: the identity kept there), the agent is the same replica: it renews its own
+    election Lease at once instead of waiting a lease duration for its dead self, so the node
+    Lease is renewed again well before the node controller would mark the node NotReady, and
+    no pod on it turns Ready=False."""
+    agent = agents.start(providers=[{"name": "local-a", "offers": _offers()}], env={"POD_NAME": ""})
+    await _node_ready(api, agent.node)
+    await client.AppsV1Api(kube).create_namespaced_deployment(namespace, _deployment(agent.node, 2))
+    before = await _converged(kube, api, namespace, agent, 2)
+    identity = await _holder(api, agent.node)
+    assert identity and not identity.endswith("-0"), identity  # not the harness's POD_NAME
+
+    unready: list[str] = []
+    stop = asyncio.Event()
+
+    async def sample() -> None:
+        while not stop.is_set():
+            node = await api.get_node(agent.node) or {}
+            for condition in node.get("status", {}).get("conditions") or []:
+                if condition["type"] == "Ready" and condition["status"] != "True":
+                    unready.append(f"node {condition['status']}")
+            pods, _ = await api.list_node_pods(agent.node)
+            for pod in pods:
+                for condition in pod.get("status", {}).get("conditions") or []:
+                    if condition["type"] == "Ready" and condition["status"] != "True":
+                        unready.append(f"pod {pod['metadata']['name']}")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.25)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        assert agent.process is not None
+        agent.process.send_signal(signal.SIGKILL)
+        agent.process.wait()
+        last = await _node_lease_renewed(api, agent.node)
+        agent.start()
+        started = time.monotonic()
+
+        async def renewed() -> bool:
+            return await _node_lease_renewed(api, agent.node) > last
+
+        await wait_for(renewed, timeout=60, interval=0.1, what="the node Lease renewed")
+        elapsed = time.monotonic() - started
+        after = await _converged(kube, api, namespace, agent, 2)
+    finally:
+        stop.set()
+        await sampler
+    print(f"node Lease renewed {elapsed:.1f}s after the restart")
+    # Waiting for its own election Lease to expire would take a whole lease duration.
+    assert elapsed < LEASE_DURATION - RETRY_PERIOD, f"{elapsed:.1f}s"
+    assert await _holder(api, agent.node) == identity
+    assert unready == [], unready
+    assert after == before  # adopted, not launched again

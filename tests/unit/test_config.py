@@ -375,9 +375,20 @@ def test_leader_election_defaults_fit_a_two_replica_deployment(
     assert election.timing.lease_duration == 15 and election.timing.renew_deadline == 10
     assert election.timing.retry_period == 2
     assert election.name_for("vk-gpu") == "vk-provider-leader-vk-gpu"
-    monkeypatch.setenv("POD_NAME", "vk-provider-7d9f-abcde")
     monkeypatch.setenv("POD_NAMESPACE", "vk-provider")
-    assert election.resolved_identity() == "vk-provider-7d9f-abcde"
     assert election.resolved_namespace() == "vk-provider"
-    monkeypatch.delenv("POD_NAME")
-    assert election.resolved_identity().endswith(f"_{os.getpid()}")
+
+
+@pytest.mark.parametrize(
+    ("kubelet_api", "source"),
+    [
+        ({}, "cluster"),
+        ({"serving": {"source": "self-signed"}}, "self-signed"),
+        ({"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"}, "files"),
+    ],
+)
+def test_the_serving_certificate_is_cluster_signed_unless_configured_otherwise(
+    kubelet_api: dict[str, Any], source: str
+) -> None:
+    config = parse_config({"providers": [RUNPOD], "kubelet_api": kubelet_api})
+    assert config.kubelet_api.serving_source == source

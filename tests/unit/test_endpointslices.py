@@ -9,6 +9,7 @@ from vk_provider.domain.endpointslices import (
     DeclaredPort,
     ExposedPod,
     changes,
+    exposed_pod,
     slices_for,
 )
 from vk_provider.domain.models import PortEndpoint
@@ -168,3 +169,39 @@ def test_changes_create_replace_and_delete_only_what_differs() -> None:
     gone = changes([], before)
     assert gone.delete == (before[0]["metadata"]["name"],) and not gone.create
     assert changes(before, []).create == tuple(before)
+
+
+def test_a_pod_object_gives_its_readiness_deletion_and_declared_ports() -> None:
+    pod_object = {
+        "metadata": {
+            "namespace": "ml",
+            "name": "infer-1",
+            "uid": "u1",
+            "labels": {"app": "infer"},
+            "deletionTimestamp": "2026-12-03T10:00:00Z",
+        },
+        "spec": {
+            "initContainers": [
+                {"name": "setup", "ports": [{"containerPort": 1}]},  # not a sidecar: no port
+                {"name": "proxy", "restartPolicy": "Always", "ports": [{"containerPort": 15001}]},
+            ],
+            "containers": [
+                {"name": "main", "ports": [{"name": "http", "containerPort": 8000}]},
+                {"name": "dns", "ports": [{"containerPort": 53, "protocol": "UDP"}]},
+            ],
+        },
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    up = PortEndpoint(8000, "TCP", "10.9.0.1", 8000)
+    seen = exposed_pod(pod_object, [up])
+    assert (seen.namespace, seen.name, seen.uid, dict(seen.labels)) == (
+        "ml", "infer-1", "u1", {"app": "infer"},
+    )  # fmt: skip
+    assert seen.ready and seen.terminating and seen.exposed == (up,)
+    assert seen.declared == (
+        DeclaredPort(None, 15001, "TCP"),
+        DeclaredPort("http", 8000, "TCP"),
+        DeclaredPort(None, 53, "UDP"),
+    )
+    pod_object["status"] = {"conditions": [{"type": "Ready", "status": "False"}]}
+    assert not exposed_pod(pod_object, []).ready

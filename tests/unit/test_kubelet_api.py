@@ -37,6 +37,7 @@ from vk_provider.api.kubelet import (
 )
 from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certificate
 from vk_provider.domain.models import LogOptions
+from vk_provider.runtime.agent_kubelet import saved_serving_certificate
 from vk_provider_dev.cluster.pki import ClusterPKI, ensure_pki
 
 __all__ = ["pki", "start_server"]  # fixtures, used by name
@@ -414,3 +415,50 @@ async def test_a_self_signed_serving_certificate_serves_tls_with_tokens_only(
         assert authorizer.calls[0][0] == UserInfo("someone", ("system:authenticated",))
     finally:
         await server.stop()
+
+
+async def test_without_a_certificate_yet_every_handshake_fails_until_one_is_loaded(
+    tmp_path: Path,
+) -> None:
+    """A cluster-signed certificate still pending: the server listens but serves nobody,
+    then serves the pair loaded into its context, without a restart."""
+    cert, key = ensure_serving_certificate(
+        tmp_path / "tls", node_name=NODE, ip_addresses=("127.0.0.1",)
+    )
+    context = build_server_ssl_context(None, None, None)
+    server = KubeletApiServer(
+        node_name=NODE,
+        host="127.0.0.1",
+        port=0,
+        ssl_context=context,
+        authenticator=FakeAuthenticator(tokens={SECRET_TOKEN: UserInfo("someone", ())}),
+        authorizer=FakeAuthorizer(),
+        logs=FakeLogSource(),
+    )
+    await server.start()
+    try:
+        async with httpx.AsyncClient(
+            base_url=f"https://127.0.0.1:{server.port}",
+            verify=ssl.create_default_context(cafile=cert),
+        ) as client:
+            with pytest.raises(httpx.ConnectError):
+                await client.get("/healthz")
+            context.load_cert_chain(cert, key)
+            assert (await client.get("/healthz")).status_code == 401
+    finally:
+        await server.stop()
+
+
+def test_a_saved_cluster_signed_certificate_is_reused_only_while_it_fits(tmp_path: Path) -> None:
+    """After a container restart the pair in the state directory serves again (no new
+    request to approve) when it names the node and its address; else a new one is asked."""
+    directory = tmp_path / "kubelet-tls"
+    assert saved_serving_certificate(directory, node_name=NODE, address="10.1.2.3") is None
+    cert, key = ensure_serving_certificate(directory, node_name=NODE, ip_addresses=("10.1.2.3",))
+    cert.rename(directory / "kubelet-serving.crt")
+    key.rename(directory / "kubelet-serving.key")
+    saved = saved_serving_certificate(directory, node_name=NODE, address="10.1.2.3")
+    assert saved is not None and saved.cert_file == directory / "kubelet-serving.crt"
+    assert saved.not_after > dt.datetime.now(dt.UTC)
+    assert saved_serving_certificate(directory, node_name=NODE, address="10.9.9.9") is None
+    assert saved_serving_certificate(directory, node_name="other", address="10.1.2.3") is None

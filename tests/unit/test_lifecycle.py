@@ -278,3 +278,16 @@ def test_the_pod_memory_counts_its_pending_polls() -> None:
     memory = PodMemory(uid="u")
     assert [memory.next_start_poll(intervals) for _ in range(4)] == [0.5, 1.0, 2.0, 3.0]
     assert memory.pending_polls == 4
+
+
+def test_an_evicted_pod_is_told_from_one_merely_deleted_by_its_disruption_condition() -> None:
+    """The API server marks an eviction with DisruptionTarget/EvictionByEvictionAPI: that is
+    what lets the log say an eviction finished when the pod is gone."""
+    body = {"metadata": {"namespace": "ns", "name": "p", "uid": "u"}, "spec": {}, "status": {}}
+    assert not PodView.parse(body).evicted
+    for reason, evicted in (("EvictionByEvictionAPI", True), ("PreemptionByScheduler", False)):
+        condition = {"type": "DisruptionTarget", "status": "True", "reason": reason}
+        view = PodView.parse({**body, "status": {"conditions": [condition]}})
+        assert view.disruption == reason and view.evicted is evicted
+    stale = {"type": "DisruptionTarget", "status": "False", "reason": "EvictionByEvictionAPI"}
+    assert not PodView.parse({**body, "status": {"conditions": [stale]}}).evicted

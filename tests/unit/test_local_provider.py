@@ -8,6 +8,7 @@ Waits poll with deadlines.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -38,6 +39,8 @@ from vk_provider.domain.models import (
     InstanceState,
     LogOptions,
     Offer,
+    Port,
+    PortEndpoint,
     WorkloadSpec,
 )
 from vk_provider_adapters.local.adapter import LocalProvider, LocalProviderDisabled
@@ -653,3 +656,58 @@ async def test_create_get_and_offers_read_no_other_instance(
     await local.get(created.instance_id)
     assert (await offer(local)).available == 50 - 9
     assert set(looked) == {created.instance_id}, looked
+
+
+async def test_declared_ports_are_exposed_at_the_configured_address_while_running(
+    state_dir: Path,
+) -> None:
+    """With ``address`` the declared ports are reported where the cluster reaches them (the
+    process runs on this machine, on its own port numbers); only while it runs."""
+    local = LocalProvider(make_config(address="10.213.0.1"), state_dir=state_dir, rng=seeded(7))
+    try:
+        spec = make_spec(SLEEP)
+        app = dataclasses.replace(
+            spec.containers[0], ports=(Port(8000, name="http"), Port(9000, "UDP"))
+        )
+        sidecar = ContainerSpec(
+            name="proxy", image="x", command=(PY, "-c", SLEEP), restart_policy="Always",
+            ports=(Port(15001),),
+        )  # fmt: skip
+        spec = dataclasses.replace(spec, containers=(app,), init_containers=(sidecar,))
+        created = await local.create(spec, await offer(local))
+        running = await wait_state(local, created.instance_id, InstanceState.RUNNING)
+        assert running.endpoints == (
+            PortEndpoint(15001, "TCP", "10.213.0.1", 15001),
+            PortEndpoint(8000, "TCP", "10.213.0.1", 8000),
+            PortEndpoint(9000, "UDP", "10.213.0.1", 9000),
+        )
+        await local.delete(created.instance_id, grace_seconds=0)
+        gone = await wait_state(local, created.instance_id, InstanceState.TERMINATED)
+        assert gone.endpoints == ()
+    finally:
+        await local.close()
+
+
+async def test_without_an_address_no_port_is_exposed(provider: LocalProvider) -> None:
+    spec = make_spec(SLEEP)
+    app = dataclasses.replace(spec.containers[0], ports=(Port(8000),))
+    created = await provider.create(
+        dataclasses.replace(spec, containers=(app,)), await offer(provider)
+    )
+    running = await wait_state(provider, created.instance_id, InstanceState.RUNNING)
+    assert running.endpoints == ()
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "127.0.0.1",
+        "169.254.1.1",
+        "0.0.0.0",  # noqa: S104
+        "::1",
+        "my-host",
+    ],
+)
+def test_an_address_the_cluster_cannot_reach_is_refused(address: str) -> None:
+    with pytest.raises(ValueError, match="address"):
+        make_config(address=address)

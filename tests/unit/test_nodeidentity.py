@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tests.helpers import wait_for
 from vk_provider.kube.client import ApiError
 from vk_provider.kube.nodeidentity import (
     SIGNER,
@@ -370,3 +371,83 @@ async def test_the_serving_certificate_is_renewed_and_loaded_each_time(tmp_path:
         await renewals
     assert len(loaded) == 4 and len(signer.csrs) == 4
     assert serving.certificate is not None and serving.certificate.not_after > first.not_after
+
+
+async def test_a_serving_request_nobody_approves_is_asked_again_until_one_is_approved(
+    tmp_path: Path,
+) -> None:
+    """Not fatal: the agent keeps asking (the node runs meanwhile), and loads the first
+    request an operator approves."""
+    signer = FakeSigner()
+    signer.outcome = "approval"  # signed once approved; nobody does
+    loaded: list[Path] = []
+    serving = ServingCertificate(
+        signer,  # type: ignore[arg-type]
+        node_name="vk-gpu",
+        addresses=("10.0.0.1",),
+        directory=tmp_path,
+        expiration_seconds=3600,
+        renew_fraction=0.5,
+        approval_seconds=30,
+        self_approve=False,
+        on_renewed=lambda c: loaded.append(c.cert_file),
+        now=_now,
+    )
+    running = asyncio.create_task(serving.run())
+
+    async def asked(times: int) -> bool:
+        return len(signer.csrs) >= times
+
+    await wait_for(lambda: asked(3), timeout=600, interval=1, what="three requests")
+    assert loaded == [] and not running.done()
+    pending = list(signer.csrs)[-1]
+    await signer.approve_csr(pending, reason="KubectlApprove", message="an operator")
+
+    async def served() -> bool:
+        return bool(loaded)
+
+    await wait_for(served, timeout=60, interval=1, what="the approved certificate loaded")
+    assert serving.certificate is not None
+    assert len(signer.csrs) == 3  # the approved one was the last asked for
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+
+
+async def test_a_certificate_given_before_is_renewed_when_its_time_comes_not_asked_again(
+    tmp_path: Path,
+) -> None:
+    signer = FakeSigner()
+    signer.outcome = "approval"
+    first = await request_serving_certificate(
+        signer,  # type: ignore[arg-type]
+        node_name="vk-gpu",
+        addresses=("10.0.0.1",),
+        directory=tmp_path,
+        expiration_seconds=3600,
+        approval_seconds=30,
+        self_approve=True,
+        now=_now,
+    )
+    loaded: list[Path] = []
+    serving = ServingCertificate(
+        signer,  # type: ignore[arg-type]
+        node_name="vk-gpu",
+        addresses=("10.0.0.1",),
+        directory=tmp_path,
+        expiration_seconds=3600,
+        renew_fraction=0.5,
+        approval_seconds=30,
+        self_approve=True,
+        on_renewed=lambda c: loaded.append(c.cert_file),
+        certificate=first,
+        now=_now,
+    )
+    running = asyncio.create_task(serving.run())
+    await asyncio.sleep(1700)
+    assert len(signer.csrs) == 1 and loaded == []  # the given one serves until half-life
+    await asyncio.sleep(200)
+    assert len(signer.csrs) == 2 and len(loaded) == 1
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running

@@ -30,9 +30,11 @@ _SERVING_RENEW_BEFORE = dt.timedelta(days=30)
 
 
 def build_server_ssl_context(
-    cert_file: Path, key_file: Path, client_ca_file: Path | None
+    cert_file: Path | None, key_file: Path | None, client_ca_file: Path | None
 ) -> ssl.SSLContext:
-    """The TLS context of the kubelet API.
+    """The TLS context of the kubelet API; without ``cert_file`` it has no certificate yet
+    (every handshake fails, as a kubelet's does while its serving certificate is pending)
+    until one is loaded with ``load_cert_chain``.
 
     Client certificates are requested but optional (``CERT_OPTIONAL``, Go's
     ``VerifyClientCertIfGiven``): a certificate that does not chain to ``client_ca_file``, or is
@@ -42,7 +44,8 @@ def build_server_ssl_context(
     """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert_file, key_file)
+    if cert_file is not None and key_file is not None:
+        context.load_cert_chain(cert_file, key_file)
     context.set_alpn_protocols(["http/1.1"])
     if client_ca_file is not None:
         context.load_verify_locations(cafile=client_ca_file)
@@ -61,9 +64,11 @@ def ensure_serving_certificate(
     """
     cert_file = directory / "kubelet.crt"
     key_file = directory / "kubelet.key"
-    wanted_dns, wanted_ips = _serving_names(node_name, ip_addresses)
-    if _serving_certificate_fits(cert_file, key_file, wanted_dns, wanted_ips):
+    if serving_certificate_fits(
+        cert_file, key_file, node_name=node_name, ip_addresses=ip_addresses
+    ):
         return cert_file, key_file
+    wanted_dns, wanted_ips = _serving_names(node_name, ip_addresses)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
@@ -125,9 +130,17 @@ def _serving_names(
     return dns, ips
 
 
-def _serving_certificate_fits(
-    cert_file: Path, key_file: Path, dns: set[str], ips: set[_IPAddress]
+def serving_certificate_fits(
+    cert_file: Path,
+    key_file: Path,
+    *,
+    node_name: str,
+    ip_addresses: tuple[str, ...],
+    valid_for: dt.timedelta = _SERVING_RENEW_BEFORE,
 ) -> bool:
+    """Whether the pair is readable, a pair, valid for ``valid_for`` still, and names
+    ``node_name`` and every address in ``ip_addresses``."""
+    dns, ips = _serving_names(node_name, ip_addresses)
     if not (cert_file.exists() and key_file.exists()):
         return False
     try:
@@ -141,7 +154,7 @@ def _serving_certificate_fits(
         encoding, public
     ):
         return False
-    if certificate.not_valid_after_utc - _SERVING_RENEW_BEFORE < dt.datetime.now(dt.UTC):
+    if certificate.not_valid_after_utc - valid_for < dt.datetime.now(dt.UTC):
         return False
     try:
         san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

@@ -162,7 +162,10 @@ class Terminator:
             )
         await self._write.delete(pod)
         log.info(
-            "deleted; its instance terminated",
+            # An eviction (hand-over, way home, drain) is finished only now, the pod gone.
+            "eviction finished: deleted; its instance terminated"
+            if pod.evicted
+            else "deleted; its instance terminated",
             extra=about(pod.key, placed.instance_id if placed else None),
         )
         self._drop(pod.key, pod.uid, placed.offer_key if placed else None)

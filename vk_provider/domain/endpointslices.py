@@ -205,3 +205,35 @@ def changes(wanted: Iterable[JSON], existing: Iterable[Mapping[str, Any]]) -> Ch
         replace=tuple(s for n, s in want.items() if n in have and _content(have[n]) != _content(s)),
         delete=tuple(sorted(n for n in have if n not in want)),
     )
+
+
+def _declared(pod: Mapping[str, Any]) -> tuple[DeclaredPort, ...]:
+    spec = pod.get("spec") or {}
+    sidecars = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+    return tuple(
+        DeclaredPort(
+            name=port.get("name") or None,
+            container_port=int(port["containerPort"]),
+            protocol=str(port.get("protocol") or "TCP"),
+        )
+        for container in (*sidecars, *(spec.get("containers") or []))
+        for port in container.get("ports") or []
+        if isinstance(port.get("containerPort"), int)
+    )
+
+
+def exposed_pod(pod: Mapping[str, Any], endpoints: Sequence[PortEndpoint]) -> ExposedPod:
+    """What the slices need of a pod object of our node and its instance's ``endpoints``:
+    ready when its Ready condition is True, terminating once its deletion began."""
+    metadata = pod.get("metadata") or {}
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return ExposedPod(
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        uid=str(metadata.get("uid") or ""),
+        labels=dict(metadata.get("labels") or {}),
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+        terminating=bool(metadata.get("deletionTimestamp")),
+        declared=_declared(pod),
+        exposed=tuple(endpoints),
+    )

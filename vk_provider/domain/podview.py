@@ -210,6 +210,17 @@ class Placed:
     price_per_hour: float | None
 
 
+EVICTED = "EvictionByEvictionAPI"  # the DisruptionTarget reason of an eviction
+
+
+def _disruption(conditions: list[Any]) -> str:
+    for condition in conditions:
+        body = _mapping(condition)
+        if body.get("type") == "DisruptionTarget" and body.get("status") == "True":
+            return _text(body.get("reason"))
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class PodView:
     key: PodKey
@@ -232,6 +243,9 @@ class PodView:
     init_containers: tuple[SpecContainer, ...] = ()
     statuses: Mapping[str, ContainerStatus] = field(default_factory=dict, compare=False)
     init_statuses: Mapping[str, ContainerStatus] = field(default_factory=dict, compare=False)
+    # Why it is being disrupted: the reason of its DisruptionTarget condition, which the API
+    # server sets on an eviction (EvictionByEvictionAPI), the scheduler on a preemption...
+    disruption: str = ""
 
     @classmethod
     def parse(cls, pod: Mapping[str, Any]) -> PodView:
@@ -275,7 +289,13 @@ class PodView:
             ),
             statuses={s.name: s for s in parsed},
             init_statuses={s.name: s for s in inits},
+            disruption=_disruption(_list(status.get("conditions"))),
         )
+
+    @property
+    def evicted(self) -> bool:
+        """Deleted through the Eviction API (a hand-over, the way home, a drain)."""
+        return self.disruption == EVICTED
 
     @property
     def raw(self) -> JSON:

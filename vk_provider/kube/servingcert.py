@@ -11,7 +11,12 @@ with ``self_approve``, the agent itself (deploy/rbac-serving.yaml grants ``appro
 signer only). Then the API server can verify the kubelet API with
 ``--kubelet-certificate-authority`` set to the cluster CA, as it does real kubelets.
 
-``ServingCertificate.renew_forever`` renews at ``renew_fraction`` of the certificate's life
+``ServingCertificate.run`` (a root task of the leader) first waits for the certificate while
+the node runs: until it is signed the kubelet API refuses every handshake, as a kubelet's does
+while its request is pending, and a request nobody approves within ``approval_seconds`` is
+logged (naming it and how to approve it) and made again. A certificate this node was given
+before (the state directory, kept over a container restart) is used at once while valid, so
+a restart needs no new approval. It then renews at ``renew_fraction`` of the certificate's life
 (as ``kube.nodeidentity``) and loads the new pair into the server's SSL context: connections
 made from then on get it, those open keep theirs. A failed renewal is retried while the old
 certificate is valid.
@@ -44,9 +49,12 @@ from vk_provider.kube.nodeidentity import (
 )
 
 log = logging.getLogger(__name__)
+_RETRY_SECONDS = 10.0
+_RETRY_MAX_SECONDS = 300.0
 
 SERVING_SIGNER = "kubernetes.io/kubelet-serving"
 SERVING_USAGES = ("digital signature", "server auth")
+SERVING_STEM = "kubelet-serving"  # <stem>.crt / <stem>.key in the state directory
 
 
 def subject_names(node_name: str, addresses: Sequence[str]) -> list[x509.GeneralName]:
@@ -91,7 +99,7 @@ async def request_serving_certificate(
             "deploy/rbac-serving.yaml"
         ),
     )
-    certificate = received(directory, "kubelet-serving", key_pem, cert_pem, now=now())
+    certificate = received(directory, SERVING_STEM, key_pem, cert_pem, now=now())
     log.info(
         "kubelet API: serving certificate from %s (signer %s) valid until %s",
         name,
@@ -116,6 +124,7 @@ class ServingCertificate:
         approval_seconds: float,
         self_approve: bool,
         on_renewed: Callable[[NodeCertificate], None],
+        certificate: NodeCertificate | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._kube = kube
@@ -128,7 +137,8 @@ class ServingCertificate:
         self._self_approve = self_approve
         self._on_renewed = on_renewed
         self._now = now
-        self.certificate: NodeCertificate | None = None
+        # One given before (already loaded by the caller), renewed when its time comes.
+        self.certificate: NodeCertificate | None = certificate
 
     async def _request(self) -> NodeCertificate:
         return await request_serving_certificate(
@@ -143,10 +153,29 @@ class ServingCertificate:
         )
 
     async def obtain(self) -> NodeCertificate:
-        """The first certificate (before the kubelet API serves); loaded by ``on_renewed``."""
-        self.certificate = await self._request()
-        self._on_renewed(self.certificate)
-        return self.certificate
+        """The first certificate, asked for until signed; loaded by ``on_renewed``."""
+        pause = _RETRY_SECONDS
+        while True:
+            try:
+                self.certificate = await self._request()
+            except (ApiError, NodeIdentityError) as exc:
+                # Not fatal: the node runs its pods meanwhile, only the kubelet API waits.
+                log.warning(
+                    "kubelet API: no serving certificate yet (asking again in %.0f s): %s",
+                    pause,
+                    exc,
+                )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _RETRY_MAX_SECONDS)  # a denial is not retried in a loop
+                continue
+            self._on_renewed(self.certificate)
+            return self.certificate
+
+    async def run(self) -> None:
+        """Obtain the certificate unless one was given, then renew it for ever (a root)."""
+        if self.certificate is None:
+            await self.obtain()
+        await self.renew_forever()
 
     def _seconds_until(self, moment: datetime) -> float:
         return max(0.0, (moment - self._now()).total_seconds())

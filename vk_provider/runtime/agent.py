@@ -38,6 +38,7 @@ from vk_provider.api.rest import build_app
 from vk_provider.api.rest_auth import RestAuth, StaticTokenAuth, TokenReviewAuth
 from vk_provider.api.rest_server import RestServer
 from vk_provider.api.view import AgentView, Readiness
+from vk_provider.controllers.endpointslices import EndpointSliceController
 from vk_provider.controllers.handover import HandoverController
 from vk_provider.controllers.homecoming import HomecomingController
 from vk_provider.controllers.launch import Launcher
@@ -68,6 +69,7 @@ from vk_provider.runtime.agent_overflow import (
 )
 from vk_provider.runtime.preflight import checked_providers, close_all, start_providers
 from vk_provider.runtime.registry import Registry
+from vk_provider.runtime.replica import lock_state_dir, replica_identity
 from vk_provider.runtime.supervisor import SHUTDOWN_SECONDS, Root, supervise
 from vk_provider.settings.agent import AgentConfig
 from vk_provider.settings.paths import state_root
@@ -94,6 +96,7 @@ class Agent:
     overflow: OverflowController | None = None
     handover: HandoverController | None = None
     homecoming: HomecomingController | None = None
+    slices: EndpointSliceController | None = None  # endpoint_slices.enabled
     # identity: node — the certificate behind ``kube``, renewed by a root task of its own.
     identity: NodeIdentity | None = None
     elector: LeaderElector | None = None
@@ -127,7 +130,7 @@ class Agent:
         admin = node_admin or kube
         # The election's Lease lives in the agent's namespace: written with the ServiceAccount
         # (a node identity may only touch its own node Lease in kube-node-lease).
-        elector = leader_elector(config, admin, on_change=leading_changed)
+        elector = leader_elector(config, admin, state_dir=state, on_change=leading_changed)
         if elector is not None:
             for client in {id(kube): kube, id(admin): admin}.values():
                 client.may_write = elector.is_leader  # node, pod, Event and node Lease writes
@@ -200,6 +203,18 @@ class Agent:
             grace=intervals.orphan_grace_seconds,
             policy=TerminationPolicy(deadline=intervals.termination_deadline_seconds),
             observer=metrics,
+        )
+        # Traffic follows the pods: written with the ServiceAccount (a node may not).
+        slices = (
+            EndpointSliceController(
+                node_admin or kube,
+                store,
+                pods.tracker,
+                node=config.node.name,
+                resync_seconds=config.endpoint_slices.resync_seconds,
+            )
+            if config.endpoint_slices.enabled
+            else None
         )
         node = NodeController(
             kube,
@@ -296,6 +311,7 @@ class Agent:
             overflow,
             handover=handover,
             homecoming=homecoming,
+            slices=slices,
             elector=elector,
             pod_events=pod_events,
             # Requested with the ServiceAccount (its role may approve it, a node's may not).
@@ -354,8 +370,8 @@ class Agent:
 
     async def _run_node(self) -> None:
         """The leader's work: register the node, then its loops, pods and flip."""
-        if self.serving is not None:
-            await self.serving.obtain()  # the cluster's certificate before the first handshake
+        # With a cluster-signed certificate still pending, handshakes fail until it is
+        # signed (serving-certificate below); the node and its pods do not wait for it.
         await self.kubelet_api.start()
         # The node advertises the port actually bound (0 in tests means "any free port").
         self.node.kubelet_port = self.kubelet_api.port
@@ -368,7 +384,7 @@ class Agent:
         )
         roots = {
             "kubelet-api": self.kubelet_api.serve,
-            **({"serving-certificate": self.serving.renew_forever} if self.serving else {}),
+            **({"serving-certificate": self.serving.run} if self.serving else {}),
             "node-lease": self.node.run_lease_loop,
             "node-status": self.node.run_status_loop,
             "pod-watch": self.watch.run,
@@ -383,11 +399,17 @@ class Agent:
             roots["handover"] = self.handover.run
         if self.homecoming is not None:
             roots["way-home"] = self.homecoming.run
+        if self.slices is not None:
+            roots["endpoint-slices"] = self.slices.run
         await supervise(roots, asyncio.Event(), before_cancel=self.pods.queue.close)
 
 
 def leader_elector(
-    config: AgentConfig, kube: KubeClient, *, on_change: Callable[[bool], None]
+    config: AgentConfig,
+    kube: KubeClient,
+    *,
+    state_dir: Path,
+    on_change: Callable[[bool], None],
 ) -> LeaderElector | None:
     """The elector of this replica; None when leader election is off."""
     election = config.leader_election
@@ -397,7 +419,7 @@ def leader_elector(
         kube,
         name=election.name_for(config.node.name),
         namespace=election.resolved_namespace(),
-        identity=election.resolved_identity(),
+        identity=replica_identity(election, state_dir),
         timing=election.timing,
         on_change=on_change,
     )
@@ -416,6 +438,7 @@ async def run_agent(
     cluster is contacted.
     """
     state = state_dir or default_state_dir(config)
+    lock_state_dir(state)  # one live agent per state directory, until this process exits
     providers = await checked_providers(config, registry, state_dir=state)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

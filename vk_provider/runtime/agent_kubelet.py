@@ -7,9 +7,10 @@ server over the agent's pods, instances and providers (``api.kubelet``).
 Invariants: wiring only (nothing is served or listened on here); the address is
 ``node.address``, else the API's listening host unless it is a wildcard, else the machine's
 default address, and a loopback one is warned about (the API server refuses to proxy to it);
-the serving certificate is the configured pair, else one made for that address and kept in
-the state directory; clients are verified against ``client_ca_file``, else the cluster's CA
-when running in a pod.
+the serving certificate is the configured pair, else (``serving.source: self-signed``) one
+made for that address and kept in the state directory, else (``cluster``, the default) the
+cluster-signed one: none until it is signed, then the one saved there; clients are verified
+against ``client_ca_file``, else the cluster's CA when running in a pod.
 """
 
 from __future__ import annotations
@@ -17,21 +18,28 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from cryptography import x509
 
 from vk_provider.api.authn import Authenticator, Authorizer
 from vk_provider.api.kubelet import KubeletApiServer, KubeletSources
 from vk_provider.api.kubelet_agent import AgentPods, AgentStreams
 from vk_provider.api.nodestats import UsageCollector
 from vk_provider.api.podlogs import AttemptHistory, PodLogSource
-from vk_provider.api.tls import build_server_ssl_context, ensure_serving_certificate
+from vk_provider.api.tls import (
+    build_server_ssl_context,
+    ensure_serving_certificate,
+    serving_certificate_fits,
+)
 from vk_provider.controllers.instances import InstanceTracker
 from vk_provider.controllers.node import default_address
 from vk_provider.controllers.podwatch import PodStore
 from vk_provider.domain.contract import Provider
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.nodeidentity import NodeCertificate
-from vk_provider.kube.servingcert import ServingCertificate
+from vk_provider.kube.servingcert import SERVING_STEM, ServingCertificate
 from vk_provider.settings.agent import AgentConfig
 
 log = logging.getLogger(__name__)
@@ -79,15 +87,18 @@ def kubelet_api_server(
 ) -> KubeletApiServer:
     """The kubelet API server of the node at ``address`` (not started)."""
     api_cfg = config.kubelet_api
+    cert: Path | None
+    key: Path | None
     if api_cfg.tls_cert_file and api_cfg.tls_key_file:
         cert, key = api_cfg.tls_cert_file, api_cfg.tls_key_file
-    else:
+    elif api_cfg.serving_source == "self-signed":
         cert, key = ensure_serving_certificate(
             state_dir / "kubelet-tls", node_name=config.node.name, ip_addresses=(address,)
         )
+    else:
+        # Cluster-signed: no certificate until serving_certificate loads one (handshakes fail).
+        cert = key = None
     in_cluster_ca = IN_CLUSTER_CA if IN_CLUSTER_CA.exists() else None  # once, at start-up
-    # With serving.source cluster the self-signed pair is only a placeholder: the cluster's
-    # certificate is loaded into this context before the server serves (serving_certificate).
     ssl_context = build_server_ssl_context(cert, key, api_cfg.client_ca_file or in_cluster_ca)
     return KubeletApiServer(
         node_name=config.node.name,
@@ -125,22 +136,65 @@ def serving_certificate(
     state_dir: Path,
 ) -> ServingCertificate | None:
     """The cluster-signed serving certificate of the kubelet API (``kube.servingcert``), loaded
-    into ``server``'s SSL context whenever it is (re)issued; None with a self-signed one."""
+    into ``server``'s SSL context whenever it is (re)issued, starting with one saved by an
+    earlier run while it is still valid; None with a self-signed or configured one."""
     serving = config.kubelet_api.serving
-    if serving.source != "cluster":
+    if config.kubelet_api.serving_source != "cluster":
         return None
 
     def load(certificate: NodeCertificate) -> None:
         server.ssl_context.load_cert_chain(certificate.cert_file, certificate.key_file)
 
+    directory = state_dir / "kubelet-tls"
+    saved = saved_serving_certificate(directory, node_name=config.node.name, address=address)
+    if saved is not None:
+        load(saved)
+        log.info(
+            "kubelet API: serving certificate %s from an earlier run, valid until %s",
+            saved.cert_file,
+            saved.not_after.isoformat(),
+        )
     return ServingCertificate(
         kube,
         node_name=config.node.name,
         addresses=(address,),
-        directory=state_dir / "kubelet-tls",
+        directory=directory,
         expiration_seconds=serving.certificate_seconds,
         renew_fraction=serving.renew_fraction,
         approval_seconds=serving.approval_timeout_seconds,
         self_approve=serving.self_approve,
         on_renewed=load,
+        certificate=saved,
     )
+
+
+def saved_serving_certificate(
+    directory: Path, *, node_name: str, address: str
+) -> NodeCertificate | None:
+    """The cluster-signed pair saved by an earlier run, when it still fits this node and is
+    valid for another minute; its modification time stands for when it was received."""
+    cert_file, key_file = directory / f"{SERVING_STEM}.crt", directory / f"{SERVING_STEM}.key"
+    if not serving_certificate_fits(
+        cert_file,
+        key_file,
+        node_name=node_name,
+        ip_addresses=(address,) if _is_ip(address) else (),
+        valid_for=timedelta(minutes=1),
+    ):
+        return None
+    parsed = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    return NodeCertificate(
+        cert_file=cert_file,
+        key_file=key_file,
+        not_before=parsed.not_valid_before_utc,
+        not_after=parsed.not_valid_after_utc,
+        received=datetime.fromtimestamp(cert_file.stat().st_mtime, UTC),
+    )
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True

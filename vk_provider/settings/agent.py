@@ -179,12 +179,13 @@ class _Listener(Strict):
 class ServingCertificateConfig(Strict):
     """Where the kubelet API's serving certificate comes from (``kube.servingcert``)."""
 
-    source: Literal["self-signed", "cluster"] = Field(
-        "self-signed",
-        description="self-signed: made by the agent (the API server cannot verify it); "
-        "cluster: a CertificateSigningRequest to the kubernetes.io/kubelet-serving signer, as "
-        "a kubelet's serverTLSBootstrap (the API server can verify it with "
-        "--kubelet-certificate-authority).",
+    source: Literal["self-signed", "cluster"] | None = Field(
+        None,
+        description="cluster (the default unless tls_cert_file is given): a "
+        "CertificateSigningRequest to the kubernetes.io/kubelet-serving signer, as a kubelet's "
+        "serverTLSBootstrap (the API server can verify it with --kubelet-certificate-authority; "
+        "an approver must approve it); self-signed: made by the agent, only when configured "
+        "(the API server cannot verify it).",
     )
     self_approve: bool = Field(
         False,
@@ -205,7 +206,8 @@ class ServingCertificateConfig(Strict):
 class KubeletApiConfig(_Listener):
     listen: str = Field("0.0.0.0:10250", description="host:port of the kubelet API (TLS).")
     tls_cert_file: Path | None = Field(
-        None, description="Serving certificate; a self-signed one is made when absent."
+        None,
+        description="Serving certificate (with tls_key_file); else serving.source says.",
     )
     tls_key_file: Path | None = Field(None, description="Key of the serving certificate.")
     client_ca_file: Path | None = Field(
@@ -217,12 +219,20 @@ class KubeletApiConfig(_Listener):
         description="The serving certificate when tls_cert_file is not given.",
     )
 
+    @property
+    def serving_source(self) -> Literal["files", "self-signed", "cluster"]:
+        """Where the serving certificate comes from: the given files, else ``serving.source``
+        (cluster when unset)."""
+        if self.tls_cert_file or self.tls_key_file:
+            return "files"
+        return self.serving.source or "cluster"
+
     @model_validator(mode="after")
     def _one_source(self) -> KubeletApiConfig:
-        if self.serving.source == "cluster" and (self.tls_cert_file or self.tls_key_file):
+        if self.serving.source is not None and (self.tls_cert_file or self.tls_key_file):
             raise ValueError(
-                "serving.source: cluster and tls_cert_file/tls_key_file exclude each other: "
-                "the cluster signs the certificate, or you give one"
+                f"serving.source: {self.serving.source} and tls_cert_file/tls_key_file exclude "
+                "each other: the certificate is given, made, or signed by the cluster"
             )
         return self
 
@@ -297,6 +307,20 @@ class PlacementConfig(Strict):
         )
 
 
+class EndpointSlicesConfig(Strict):
+    """Traffic follows the pods (docs/networking.md): EndpointSlices for the Services that
+    select pods on the virtual node, at the addresses their providers expose."""
+
+    enabled: bool = Field(
+        False,
+        description="Write EndpointSlices for Services over this node's pods "
+        "(deploy/rbac-traffic.yaml).",
+    )
+    resync_seconds: float = Field(
+        2, ge=0.1, le=300, description="How often the slices are compared and corrected."
+    )
+
+
 class AgentConfig(Strict):
     node: NodeConfig = Field(default_factory=NodeConfig, description="The virtual node.")
     identity: IdentityConfig = Field(
@@ -325,6 +349,10 @@ class AgentConfig(Strict):
     leader_election: LeaderElectionConfig = Field(
         default_factory=LeaderElectionConfig,
         description="Lease-based leader election: of several replicas one runs the node.",
+    )
+    endpoint_slices: EndpointSlicesConfig = Field(
+        default_factory=EndpointSlicesConfig,
+        description="Services reach the node's pods where their providers expose them.",
     )
 
     @model_validator(mode="after")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from pathlib import Path
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -67,8 +66,9 @@ class LeaderElectionConfig(Strict):
     )
     identity: str = Field(
         "",
-        description="This replica's holderIdentity; default $POD_NAME, else <hostname>_<pid>. "
-        "Must differ between live replicas.",
+        description="This replica's holderIdentity; default $POD_NAME, else <hostname>_<id> "
+        "with an id kept in the state directory (the same after a restart). Must differ "
+        "between live replicas.",
     )
 
     @field_validator("namespace")
@@ -123,16 +123,6 @@ class LeaderElectionConfig(Strict):
             return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or FALLBACK_NAMESPACE
         except OSError:
             return FALLBACK_NAMESPACE
-
-    def resolved_identity(self) -> str:
-        """The configured identity, else the pod's name, else host and process."""
-        if self.identity:
-            return self.identity
-        pod = os.environ.get("POD_NAME", "").strip()
-        # A pod's name is unique among live pods and kept across container restarts, so a
-        # restarted leader renews its own Lease at once; outside a pod, two processes on one
-        # host must still differ, hence the pid.
-        return pod or f"{socket.gethostname()}_{os.getpid()}"
 
 
 def _less_than(value: float, info: ValidationInfo, other: str, why: str) -> float:

@@ -127,7 +127,12 @@ def demo_config(
     return {
         "node": {"name": NODE_NAME, "address": "127.0.0.1"},
         # The API server reaches the kubelet API with a client certificate from the cluster CA.
-        "kubelet_api": {"listen": f"127.0.0.1:{kubelet_port}", "client_ca_file": str(client_ca)},
+        # Self-signed serving certificate, configured: the dev API server does not verify it.
+        "kubelet_api": {
+            "listen": f"127.0.0.1:{kubelet_port}",
+            "client_ca_file": str(client_ca),
+            "serving": {"source": "self-signed"},
+        },
         "rest": {"listen": f"127.0.0.1:{rest_port}", "static_token": f"file:{token_file}"},
         "intervals": {"restart_backoff_seconds": 5},
         "providers": [

@@ -161,7 +161,12 @@ def story_config(
     ]
     return {
         "node": {"name": NODE_NAME, "address": "127.0.0.1"},
-        "kubelet_api": {"listen": f"127.0.0.1:{kubelet_port}", "client_ca_file": str(client_ca)},
+        # Self-signed serving certificate, configured: the dev API server does not verify it.
+        "kubelet_api": {
+            "listen": f"127.0.0.1:{kubelet_port}",
+            "client_ca_file": str(client_ca),
+            "serving": {"source": "self-signed"},
+        },
         "rest": {"listen": f"127.0.0.1:{rest_port}", "static_token": f"file:{token_file}"},
         "providers": [
             {"type": "local", "enabled": True, "state_dir": str(state_dir / c["name"]), **c}

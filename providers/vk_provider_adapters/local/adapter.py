@@ -79,10 +79,11 @@ from vk_provider_adapters.local.layout import (
     container_spec,
 )
 from vk_provider_adapters.local.logs import stream_log
-from vk_provider_adapters.local.observe import observe
+from vk_provider_adapters.local.observe import exposed_ports, observe
 from vk_provider_adapters.local.portforward import open_local_port
 from vk_provider_adapters.local.processes import signal_runner
 from vk_provider_adapters.local.records import (
+    ENDPOINTS_FILE,
     INSTANCE_FILE,
     INSTANCE_ID,
     RUNNER_LOG_FILE,
@@ -422,6 +423,8 @@ class LocalProvider:
             created_at=time.time(),
             process=None,
         )
+        if self._config.address is not None:
+            write_json(directory / ENDPOINTS_FILE, exposed_ports(spec, self._config.address))
         # Recorded after the plan and before the process starts: an agent dying in between
         # leaves an instance that reports LOST instead of a directory nobody recognises.
         write_json(directory / INSTANCE_FILE, record.to_json())

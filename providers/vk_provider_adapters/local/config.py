@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from vk_provider.sdk import ProviderSettings, Strict
 from vk_provider_adapters.simulated import SimulatedOffer, unique_skus
@@ -40,6 +41,29 @@ class LocalProviderConfig(ProviderSettings):
         description="First crash-loop back-off of a restarting container (doubled per "
         "restart, at most five minutes), as kubelet's.",
     )
+
+    address: str | None = Field(
+        None,
+        description="The address the cluster reaches this machine's processes at: each "
+        "declared containerPort is exposed there (the process listens on it, or on every "
+        "address). A non-loopback IP; none: ports are not exposed.",
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _reachable(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parsed = ipaddress.ip_address(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address") from None
+        if parsed.is_loopback or parsed.is_link_local or parsed.is_unspecified:
+            raise ValueError(
+                f"{value} cannot be reached from the cluster (EndpointSlices refuse loopback, "
+                "link-local and unspecified addresses)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _unique_skus(self) -> LocalProviderConfig:

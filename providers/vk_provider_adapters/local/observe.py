@@ -13,13 +13,21 @@ directory without ``instance.json`` is no instance (None).
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import time
 from datetime import datetime
 from pathlib import Path
 
-from vk_provider.sdk import ContainerState, ContainerStatus, Instance, InstanceState
+from vk_provider.sdk import (
+    ContainerState,
+    ContainerStatus,
+    Instance,
+    InstanceState,
+    PortEndpoint,
+    WorkloadSpec,
+)
 from vk_provider.sdk import Termination as Ended
 from vk_provider_adapters.local.layout import (
     RunStatus,
@@ -30,6 +38,7 @@ from vk_provider_adapters.local.layout import (
 )
 from vk_provider_adapters.local.processes import is_running, reap, signal_group
 from vk_provider_adapters.local.records import (
+    ENDPOINTS_FILE,
     EXIT_FILE,
     LOST_FILE,
     STARTED_FILE,
@@ -48,6 +57,33 @@ from vk_provider_adapters.local.records import (
 log = logging.getLogger(__name__)
 
 LOCAL_IP = "127.0.0.1"
+
+
+def exposed_ports(spec: WorkloadSpec, address: str) -> list[dict[str, object]]:
+    """Every port an app container or sidecar declares, at ``address`` and its own number
+    (the process runs on this machine: it listens on the port it declares)."""
+    return [
+        {
+            "container_port": port.container_port,
+            "protocol": port.protocol,
+            "address": address,
+            "port": port.container_port,
+        }
+        for container in (*(c for c in spec.init_containers if c.sidecar), *spec.containers)
+        for port in container.ports
+    ]
+
+
+def read_endpoints(directory: Path) -> tuple[PortEndpoint, ...]:
+    """The endpoints written at create; none when ports are not exposed (or unreadable)."""
+    text = read_text(directory / ENDPOINTS_FILE)
+    if not text:
+        return ()
+    try:
+        return tuple(PortEndpoint(**entry) for entry in json.loads(text))
+    except (ValueError, TypeError):
+        return ()
+
 
 _STATES = {
     "waiting": ContainerState.WAITING,
@@ -130,6 +166,9 @@ def observe(directory: Path, *, provider: str) -> Instance | None:
         finished_at: datetime | None = None,
     ) -> Instance:
         apps, inits = containers(directory)
+        # Reached while its processes run: terminating ones still serve (their endpoints
+        # turn terminating, not gone, until they have stopped).
+        running = state in (InstanceState.RUNNING, InstanceState.TERMINATING)
         return Instance(
             provider=provider,
             instance_id=record.instance_id,
@@ -145,6 +184,7 @@ def observe(directory: Path, *, provider: str) -> Instance | None:
             price_per_hour=record.price_per_hour,
             containers=apps,
             init_containers=inits,
+            endpoints=read_endpoints(directory) if running else (),
         )
 
     lost_message = read_text(directory / LOST_FILE)

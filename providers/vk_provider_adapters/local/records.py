@@ -43,6 +43,8 @@ STARTED_FILE = "started"
 EXIT_FILE = "exit"
 TERMINATE_FILE = "terminate.json"
 LOST_FILE = "lost"
+# Where the instance's declared ports are reached (``local.address``), written at create.
+ENDPOINTS_FILE = "endpoints.json"
 
 INSTANCE_ID = re.compile(r"local-[A-Za-z0-9][A-Za-z0-9._-]*")
 
