@@ -245,6 +245,7 @@ async def test_pods_prints_a_table(api_url: str) -> None:
         "INSTANCE",
         "PRICE",
         "SINCE",
+        "ENDPOINTS",
     ]
     trainer = line_with(result.stdout, "trainer-0")
     assert trainer.split()[:4] == ["ml", "trainer-0", "Running", "alpha"]
@@ -579,6 +580,24 @@ def test_pods_table_says_since_when() -> None:
     row = line_with(render(table), "infer-0")
     assert "2025-01-31 09:00Z (24h ago)" in row
     assert [c.style for c in cells(table, "PHASE")] == ["green"]
+
+
+def test_pods_table_shows_where_each_port_is_reached() -> None:
+    pod = {
+        "namespace": "web",
+        "name": "infer-0",
+        "phase": "Running",
+        "endpoints": [
+            {"container_port": 8000, "protocol": "TCP", "address": "203.0.113.7", "port": 40123},
+            {"container_port": 9000, "protocol": "UDP", "address": "203.0.113.7", "port": 9000},
+        ],
+    }
+    bare = {"namespace": "web", "name": "infer-1", "phase": "Running"}
+    table = pods_table([pod, bare])
+    assert [c.plain for c in cells(table, "ENDPOINTS")] == [
+        "8000/TCP 203.0.113.7:40123, 9000/UDP 203.0.113.7:9000",
+        "-",
+    ]
 
 
 def test_formatting_helpers() -> None:

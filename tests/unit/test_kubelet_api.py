@@ -385,6 +385,19 @@ def test_serving_certificate_is_made_once_and_reused(tmp_path: Path) -> None:
     assert _san(cert) == ({NODE}, {"10.9.9.9"})
 
 
+def _token_server(context: ssl.SSLContext, authorizer: FakeAuthorizer) -> KubeletApiServer:
+    """A kubelet API on a free loopback port that knows one bearer token."""
+    return KubeletApiServer(
+        node_name=NODE,
+        host="127.0.0.1",
+        port=0,
+        ssl_context=context,
+        authenticator=FakeAuthenticator(tokens={SECRET_TOKEN: UserInfo("someone", ())}),
+        authorizer=authorizer,
+        logs=FakeLogSource(),
+    )
+
+
 async def test_a_self_signed_serving_certificate_serves_tls_with_tokens_only(
     tmp_path: Path,
 ) -> None:
@@ -392,15 +405,7 @@ async def test_a_self_signed_serving_certificate_serves_tls_with_tokens_only(
         tmp_path / "tls", node_name=NODE, ip_addresses=("127.0.0.1",)
     )
     authorizer = FakeAuthorizer()
-    server = KubeletApiServer(
-        node_name=NODE,
-        host="127.0.0.1",
-        port=0,
-        ssl_context=build_server_ssl_context(cert, key, None),
-        authenticator=FakeAuthenticator(tokens={SECRET_TOKEN: UserInfo("someone", ())}),
-        authorizer=authorizer,
-        logs=FakeLogSource(),
-    )
+    server = _token_server(build_server_ssl_context(cert, key, None), authorizer)
     await server.start()
     try:
         async with httpx.AsyncClient(
@@ -426,15 +431,7 @@ async def test_without_a_certificate_yet_every_handshake_fails_until_one_is_load
         tmp_path / "tls", node_name=NODE, ip_addresses=("127.0.0.1",)
     )
     context = build_server_ssl_context(None, None, None)
-    server = KubeletApiServer(
-        node_name=NODE,
-        host="127.0.0.1",
-        port=0,
-        ssl_context=context,
-        authenticator=FakeAuthenticator(tokens={SECRET_TOKEN: UserInfo("someone", ())}),
-        authorizer=FakeAuthorizer(),
-        logs=FakeLogSource(),
-    )
+    server = _token_server(context, FakeAuthorizer())
     await server.start()
     try:
         async with httpx.AsyncClient(

@@ -27,6 +27,7 @@ from tests.helpers import wait_for
 from vk_provider.kube.client import ApiError
 from vk_provider.kube.nodeidentity import (
     SIGNER,
+    NodeCertificate,
     NodeIdentity,
     NodeIdentityError,
     request_certificate,
@@ -299,6 +300,30 @@ async def test_a_backdated_short_certificate_is_renewed_at_its_fraction_not_in_a
 # --------------------------------------------------------------------------- serving
 
 
+def _serving(
+    signer: FakeSigner,
+    directory: Path,
+    loaded: list[Path],
+    *,
+    self_approve: bool,
+    certificate: NodeCertificate | None = None,
+) -> ServingCertificate:
+    """A serving certificate of an hour, renewed at half its life, loads noted in ``loaded``."""
+    return ServingCertificate(
+        signer,  # type: ignore[arg-type]
+        node_name="vk-gpu",
+        addresses=("10.0.0.1",),
+        directory=directory,
+        expiration_seconds=3600,
+        renew_fraction=0.5,
+        approval_seconds=30,
+        self_approve=self_approve,
+        on_renewed=lambda c: loaded.append(c.cert_file),
+        certificate=certificate,
+        now=_now,
+    )
+
+
 async def test_a_serving_request_names_the_node_and_its_address_and_is_self_approved(
     tmp_path: Path,
 ) -> None:
@@ -351,18 +376,7 @@ async def test_the_serving_certificate_is_renewed_and_loaded_each_time(tmp_path:
     signer = FakeSigner()
     signer.outcome = "approval"
     loaded: list[Path] = []
-    serving = ServingCertificate(
-        signer,  # type: ignore[arg-type]
-        node_name="vk-gpu",
-        addresses=("10.0.0.1",),
-        directory=tmp_path,
-        expiration_seconds=3600,
-        renew_fraction=0.5,
-        approval_seconds=30,
-        self_approve=True,
-        on_renewed=lambda c: loaded.append(c.cert_file),
-        now=_now,
-    )
+    serving = _serving(signer, tmp_path, loaded, self_approve=True)
     first = await serving.obtain()
     renewals = asyncio.create_task(serving.renew_forever())
     await asyncio.sleep(3 * 1800 + 60)  # three half-lives of simulated time
@@ -381,18 +395,7 @@ async def test_a_serving_request_nobody_approves_is_asked_again_until_one_is_app
     signer = FakeSigner()
     signer.outcome = "approval"  # signed once approved; nobody does
     loaded: list[Path] = []
-    serving = ServingCertificate(
-        signer,  # type: ignore[arg-type]
-        node_name="vk-gpu",
-        addresses=("10.0.0.1",),
-        directory=tmp_path,
-        expiration_seconds=3600,
-        renew_fraction=0.5,
-        approval_seconds=30,
-        self_approve=False,
-        on_renewed=lambda c: loaded.append(c.cert_file),
-        now=_now,
-    )
+    serving = _serving(signer, tmp_path, loaded, self_approve=False)
     running = asyncio.create_task(serving.run())
 
     async def asked(times: int) -> bool:
@@ -430,19 +433,7 @@ async def test_a_certificate_given_before_is_renewed_when_its_time_comes_not_ask
         now=_now,
     )
     loaded: list[Path] = []
-    serving = ServingCertificate(
-        signer,  # type: ignore[arg-type]
-        node_name="vk-gpu",
-        addresses=("10.0.0.1",),
-        directory=tmp_path,
-        expiration_seconds=3600,
-        renew_fraction=0.5,
-        approval_seconds=30,
-        self_approve=True,
-        on_renewed=lambda c: loaded.append(c.cert_file),
-        certificate=first,
-        now=_now,
-    )
+    serving = _serving(signer, tmp_path, loaded, self_approve=True, certificate=first)
     running = asyncio.create_task(serving.run())
     await asyncio.sleep(1700)
     assert len(signer.csrs) == 1 and loaded == []  # the given one serves until half-life

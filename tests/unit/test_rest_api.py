@@ -45,7 +45,15 @@ from vk_provider.domain.breaker import BreakerState, CircuitBreaker
 from vk_provider.domain.budget import BudgetCaps, BudgetLedger
 from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
 from vk_provider.domain.handoverstep import HandoverView
-from vk_provider.domain.models import Capabilities, Instance, LogOptions, Offer, WorkloadSpec
+from vk_provider.domain.models import (
+    Capabilities,
+    Instance,
+    InstanceState,
+    LogOptions,
+    Offer,
+    PortEndpoint,
+    WorkloadSpec,
+)
 from vk_provider.domain.overflow import OverflowState, Reading
 from vk_provider.domain.podview import PodPlacement
 from vk_provider.kube.client import KubeClient
@@ -182,6 +190,15 @@ PODS = [
     ),
 ]
 
+# What the providers last listed: the inference replica's port is exposed, mapped.
+INSTANCES = [
+    Instance(
+        "alpha", "i-alpha-2", "uid-2", 0, InstanceState.RUNNING,
+        endpoints=(PortEndpoint(8000, "TCP", "203.0.113.7", 40123),),
+    ),
+    Instance("alpha", "i-alpha-1", "uid-1", 0, InstanceState.RUNNING),
+]  # fmt: skip
+
 
 @dataclass
 class Knobs:
@@ -267,6 +284,7 @@ async def build_world(budget: BudgetCaps | None = None) -> World:
         readiness=lambda: knobs.readiness,
         overdue=lambda: knobs.overdue,
         overflow=lambda: knobs.overflow,
+        instances=lambda: INSTANCES,
         preview=PlacementPreview(
             launcher=Launcher(
                 guarded,
@@ -726,7 +744,11 @@ async def test_pods_say_where_each_pod_runs_since_when_at_what_price(
         "price_per_hour": 19.92,
         "phase": "Running",
         "since": "2025-01-31T09:00:00Z",
+        "endpoints": [],
     }
+    assert pods[1]["endpoints"] == [
+        {"container_port": 8000, "protocol": "TCP", "address": "203.0.113.7", "port": 40123}
+    ]
     assert pods[2]["since"] is None
     assert pods[2]["phase"] == "Pending"
 

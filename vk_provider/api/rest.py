@@ -347,7 +347,10 @@ def build_app(
         summary="Where each pod runs, since when, at what price",
     )
     async def list_pods() -> list[PodOut]:
-        return [PodOut.of(pod) for pod in view.pods()]
+        reached = view.endpoints()
+        return [
+            PodOut.of(pod, reached.get((pod.provider, pod.instance_id), ())) for pod in view.pods()
+        ]
 
     @app.get(
         "/v1/spend",

@@ -7,6 +7,7 @@ OpenAPI document.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -14,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vk_provider.api.view import AgentView, CapStatus, ProviderStatus
 from vk_provider.controllers.overflow import OverflowView
-from vk_provider.domain.models import Offer
+from vk_provider.domain.models import Offer, PortEndpoint
 from vk_provider.domain.node import VIRTUAL_NODE_TAINT_KEY, VIRTUAL_NODE_TAINT_VALUE
 from vk_provider.domain.podview import PodPlacement
 
@@ -172,6 +173,17 @@ def _summary_fields(status: ProviderStatus) -> dict[str, Any]:
     }
 
 
+class EndpointOut(ApiModel):
+    """Where the cluster reaches one declared container port of the pod."""
+
+    model_config = ConfigDict(frozen=True)
+
+    container_port: int = Field(description="The container port the pod declares.")
+    protocol: str = Field(description="TCP, UDP or SCTP.")
+    address: str = Field(description="The address its provider exposes it at (IP or hostname).")
+    port: int = Field(description="The port there (a provider may map it to another number).")
+
+
 class PodOut(ApiModel):
     model_config = ConfigDict(
         frozen=True,
@@ -201,10 +213,24 @@ class PodOut(ApiModel):
     price_per_hour: float = Field(description="Price of the instance ($/hour).")
     phase: str = Field(description="Pod phase (Pending, Running, Succeeded, Failed).")
     since: datetime | None = Field(description="When the pod was placed there; null if unknown.")
+    endpoints: list[EndpointOut] = Field(
+        default_factory=list,
+        description="Where each declared port is reached (docs/networking.md); empty when "
+        "its provider exposes none.",
+    )
 
     @classmethod
-    def of(cls, pod: PodPlacement) -> PodOut:
+    def of(cls, pod: PodPlacement, endpoints: Sequence[PortEndpoint] = ()) -> PodOut:
         return cls(
+            endpoints=[
+                EndpointOut(
+                    container_port=e.container_port,
+                    protocol=e.protocol,
+                    address=e.address,
+                    port=e.port,
+                )
+                for e in endpoints
+            ],
             namespace=pod.namespace,
             name=pod.name,
             uid=pod.uid,

@@ -18,7 +18,7 @@ from vk_provider.controllers.offers import OfferBook
 from vk_provider.controllers.overflow import OverflowView
 from vk_provider.controllers.preview import Preview
 from vk_provider.domain.budget import BudgetLedger
-from vk_provider.domain.models import Instance, Offer
+from vk_provider.domain.models import Instance, Offer, PortEndpoint
 from vk_provider.domain.podview import PodPlacement
 
 
@@ -167,6 +167,10 @@ class AgentView:
 
     def overflow(self) -> OverflowView | None:
         return self._overflow() if self._overflow is not None else None
+
+    def endpoints(self) -> dict[tuple[str, str], tuple[PortEndpoint, ...]]:
+        """(provider, instance id) -> where its declared ports are reached, as last listed."""
+        return {(i.provider, i.instance_id): i.endpoints for i in self._instances() if i.endpoints}
 
     def instances(self) -> list[Instance]:
         """The instances the providers listed at the last poll (and launches since)."""

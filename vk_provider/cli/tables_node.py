@@ -33,6 +33,7 @@ def pods_table(pods: Sequence[Mapping[str, Any]], *, now: datetime | None = None
         ("INSTANCE", "l"),
         ("PRICE", "r"),
         ("SINCE", "l"),
+        ("ENDPOINTS", "l"),
     )
     total = 0.0
     for pod in pods:
@@ -48,9 +49,19 @@ def pods_table(pods: Sequence[Mapping[str, Any]], *, now: datetime | None = None
             cell(pod.get("instance_id")),
             cell(format_price(price)),
             cell(_since(pod.get("since"), moment)),
+            cell(_endpoints(pod.get("endpoints") or [])),
         )
     table.caption = f"{len(pods)} pods, {format_price(total)} in all"
     return table
+
+
+def _endpoints(endpoints: Sequence[Mapping[str, Any]]) -> str:
+    """``8000/TCP 10.1.2.3:8000`` per exposed port; ``-`` when none is."""
+    shown = [
+        f"{e.get('container_port')}/{e.get('protocol')} {e.get('address')}:{e.get('port')}"
+        for e in endpoints
+    ]
+    return ", ".join(shown) or "-"
 
 
 def overflow_table(flip: Mapping[str, Any], *, now: datetime | None = None) -> Table:
