@@ -488,11 +488,12 @@ async def test_install_then_the_agent_runs_with_what_the_chart_created(
         assert not serves_a_certificate_of(control_plane, node_name, "127.0.0.1")
 
         async def request() -> str | None:
+            # By signer: with identity: node its client certificate request is labelled too.
             listed = _kubectl(
                 control_plane.kubeconfig,
                 "get", "csr", "-l", f"vk-provider.io/node={node_name}",
                 "--field-selector", "spec.signerName=kubernetes.io/kubelet-serving", "-o", "name",
-            )  # fmt: skip (identity: node has a client certificate request too)
+            )  # fmt: skip
             names = listed.stdout.split()
             return names[-1].rpartition("/")[2] if listed.returncode == 0 and names else None
 
