@@ -8,6 +8,7 @@ Retries never sleep: the ``RetryPolicy`` records the waits it would have made.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -47,7 +48,15 @@ from vk_provider.domain.errors import (
     RateLimited,
     Transient,
 )
-from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, Port, WorkloadSpec
+from vk_provider.domain.models import (
+    EnvVar,
+    InstanceState,
+    LogOptions,
+    Offer,
+    Port,
+    PortEndpoint,
+    WorkloadSpec,
+)
 from vk_provider_adapters.runpod.adapter import RunPodProvider
 from vk_provider_adapters.runpod.failures import Operation, classify_failure, error_detail
 from vk_provider_adapters.runpod.gpus import CREATE_GPU_TYPE_IDS, canonical_gpu_name
@@ -413,10 +422,10 @@ def test_every_create_body_is_a_valid_pod_create_input() -> None:
         (rich, Sku.parse("community:spot:4x:NVIDIA H100 80GB HBM3"), "EU-RO-1"),
         (spec(command=(), args=()), Sku.parse("secure:on-demand:8x:NVIDIA A100-SXM4-80GB"), "any"),
     ]
-    for workload, sku, region in cases:
+    for (workload, sku, region), expose in itertools.product(cases, ("tcp", "http")):
         assert sku is not None
         body = build_create_body(
-            workload, sku, region=region, container_disk_gb=20, offer_key="rp/x/any"
+            workload, sku, region=region, container_disk_gb=20, offer_key="rp/x/any", expose=expose
         )
         assert not [e.message for e in validator.iter_errors(body)]
         assert set(body) <= documented, set(body) - documented
@@ -446,7 +455,8 @@ def test_the_create_body_carries_the_pod() -> None:
         ENV_REQUEST_ID: workload.request_id,
         "VK_OFFER_KEY": "rp/k/EU-RO-1",
     }
-    assert body["ports"] == ["8000/http"]  # UDP cannot be exposed on RunPod
+    assert body["ports"] == ["8000/tcp"]  # UDP cannot be exposed on RunPod
+    assert body["supportPublicIp"] is True  # TCP ports are reached on the public IP
     assert (body["gpuTypeIds"], body["gpuCount"]) == (["NVIDIA H100 80GB HBM3"], 4)
     assert (body["cloudType"], body["interruptible"]) == ("COMMUNITY", True)
     assert body["dataCenterIds"] == ["EU-RO-1"]
@@ -922,6 +932,30 @@ async def test_a_running_pod_with_only_http_ports_and_no_public_ip_reads_running
     assert (await provider.get(created.instance_id)).state is InstanceState.RUNNING
     assert [i.state for i in await provider.list_ours()] == [InstanceState.RUNNING]
     assert any("runtime" in query for query in fake.queries)
+
+
+async def test_each_port_is_reported_where_the_cluster_reaches_it(
+    provider: RunPodProvider, fake: FakeRunPod
+) -> None:
+    """A /tcp port on the public IP at the port RunPod mapped it to (only once mapped), an
+    /http port through the HTTPS proxy; the payload is a v1 Pod as the spec shapes it."""
+    created = await provider.create(spec(ports=(Port(8000), Port(9090))), offer())
+    fields = {
+        "publicIp": "100.65.0.119",
+        "portMappings": {"8000": 10341},
+        "ports": ["8000/tcp", "9090/tcp", "8888/http"],
+        "runtime": {"uptimeInSeconds": 40},
+    }
+    assert not [e.message for e in v1_validator("Pod").iter_errors({"id": "x", **fields})]
+    fake.set_fields(created.instance_id, **fields)
+    got = await provider.get(created.instance_id)
+    assert got.endpoints == (
+        PortEndpoint(8000, "TCP", "100.65.0.119", 10341),  # 9090 is not mapped yet
+        PortEndpoint(8888, "TCP", f"{created.instance_id}-8888.proxy.runpod.net", 443),
+    )
+    assert got.endpoints[1].address_type == "FQDN"
+    fake.set_fields(created.instance_id, publicIp="", portMappings={"8000": 0})
+    assert [e.port for e in (await provider.get(created.instance_id)).endpoints] == [443]
 
 
 async def test_a_pod_with_a_public_ip_whose_container_is_not_up_is_pending(

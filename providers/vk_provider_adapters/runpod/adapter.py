@@ -29,10 +29,11 @@ Invariants:
 
 Known limits: RunPod's terminate has no grace period (``grace_seconds`` is not honoured);
 ``workingDir`` cannot be set (ignored with a warning); UDP ports cannot be exposed (skipped);
-TCP ports are exposed as ``<port>/http`` (RunPod's HTTP proxy); a ``command`` without ``args``
-still gets the image's CMD appended (``dockerStartCmd: []`` means "the image's"); v1 takes no
-spot bid, so RunPod applies its own; a log read without ``follow`` ends when the backfill has
-been quiet for ``log_idle_seconds``, because the endpoint only streams.
+TCP ports are exposed as ``<port>/tcp`` on the public IP (``expose: http``: through RunPod's
+HTTPS proxy) and reported as ``Instance.endpoints`` (``pods.reached_at``); a ``command``
+without ``args`` still gets the image's CMD appended (``dockerStartCmd: []`` means "the
+image's"); v1 takes no spot bid, so RunPod applies its own; a log read without ``follow`` ends
+when the backfill has been quiet for ``log_idle_seconds``, because the endpoint only streams.
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ class RunPodProvider:
                 region=offer.region,
                 container_disk_gb=self._config.container_disk_gb,
                 offer_key=offer.key,
+                expose=self._config.expose,
             )
         except InvalidSpec as exc:
             raise InvalidSpec(str(exc), provider=self.name, field=exc.field) from None

@@ -22,6 +22,13 @@ class RunPodProviderConfig(CloudProviderSettings):
         default_factory=list, description="RunPod GPU type ids to consider; empty means all."
     )
     container_disk_gb: int = Field(20, ge=1, le=2000, description="Container disk per pod (GB).")
+    expose: Literal["tcp", "http"] = Field(
+        "tcp",
+        description="How declared TCP ports are exposed: tcp, on the pod's public IP at the "
+        "port RunPod maps (reachable through kube-proxy; plain TCP over the internet); http, "
+        "through RunPod's HTTPS proxy (<pod>-<port>.proxy.runpod.net:443, a hostname: for "
+        "ingress controllers and gateways, not kube-proxy).",
+    )
     rest_url: str = Field("https://rest.runpod.io/v1", description="REST v1 base URL.")
     graphql_url: str = Field("https://api.runpod.io/graphql", description="GraphQL URL.")
     logs_url: str = Field("https://api.runpod.io/v2", description="REST v2 base URL (logs).")

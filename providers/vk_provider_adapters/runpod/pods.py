@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from vk_provider.sdk import Instance, InstanceState, InvalidSpec, WorkloadSpec
+from vk_provider.sdk import Instance, InstanceState, InvalidSpec, PortEndpoint, WorkloadSpec
 from vk_provider_adapters.payload import MalformedResponse, as_number, string, timestamp
 from vk_provider_adapters.runpod.offers import (
     DEFAULT_RAM_GB_PER_GPU,
@@ -91,7 +91,13 @@ def owner_of(pod: Mapping[str, object], *, provider: str | None = None) -> Owner
 
 
 def build_create_body(
-    spec: WorkloadSpec, sku: Sku, *, region: str, container_disk_gb: int, offer_key: str
+    spec: WorkloadSpec,
+    sku: Sku,
+    *,
+    region: str,
+    container_disk_gb: int,
+    offer_key: str,
+    expose: str = "tcp",
 ) -> dict[str, object]:
     """The v1 ``PodCreateInput`` for ``spec`` on ``sku``; raises ``InvalidSpec``.
 
@@ -123,7 +129,7 @@ def build_create_body(
         "dockerEntrypoint": list(spec.main.command),
         "dockerStartCmd": list(spec.main.args),
         "env": env,
-        "ports": exposed_ports(spec),
+        "ports": exposed_ports(spec, expose),
         "containerDiskInGb": container_disk_gb,
         "volumeInGb": 0,  # no persistent pod volume: a pod's state lives in its container
         "minVCPUPerGPU": max(DEFAULT_VCPU_PER_GPU, math.ceil(spec.cpu / count)),
@@ -131,17 +137,51 @@ def build_create_body(
     }
     if region != REGION_ANY:
         body["dataCenterIds"] = [region]
+    if expose == "tcp" and body["ports"]:
+        body["supportPublicIp"] = True  # community cloud: TCP ports need the public IP
     return body
 
 
-def exposed_ports(spec: WorkloadSpec) -> list[str]:
-    """``<port>/http`` for each TCP container port; UDP cannot be exposed on RunPod."""
+def exposed_ports(spec: WorkloadSpec, expose: str = "tcp") -> list[str]:
+    """``<port>/tcp`` (or ``/http``, through the proxy) for each TCP container port; UDP
+    cannot be exposed on RunPod."""
     ports: list[str] = []
     for port in spec.main.ports:
-        entry = f"{port.container_port}/http"
+        entry = f"{port.container_port}/{expose}"
         if port.protocol.upper() == "TCP" and entry not in ports:
             ports.append(entry)
     return ports
+
+
+PROXY_DOMAIN = "proxy.runpod.net"  # https://<pod id>-<port>.proxy.runpod.net (RunPod's docs)
+
+
+def reached_at(pod: Mapping[str, object], pod_id: str) -> tuple[PortEndpoint, ...]:
+    """Where the cluster reaches each of the pod's ports: a ``/tcp`` port on ``publicIp`` at
+    the port ``portMappings`` maps it to (nothing until RunPod has mapped it), an ``/http``
+    port through the HTTPS proxy on 443."""
+    ip = pod.get("publicIp")
+    mappings = pod.get("portMappings")
+    found: list[PortEndpoint] = []
+    ports = pod.get("ports")
+    for entry in ports if isinstance(ports, list) else []:
+        number, _, kind = str(entry).partition("/")
+        if not number.isdigit() or not 1 <= int(number) <= 65535:
+            continue
+        port = int(number)
+        if kind == "http":
+            found.append(PortEndpoint(port, "TCP", f"{pod_id}-{port}.{PROXY_DOMAIN}", 443))
+            continue
+        mapped = mappings.get(number) if isinstance(mappings, dict) else None
+        if (
+            kind == "tcp"
+            and isinstance(ip, str)
+            and ip
+            and isinstance(mapped, int)
+            and 1 <= mapped <= 65535
+        ):
+            found.append(PortEndpoint(port, "TCP", ip, mapped))
+    return tuple(found)
 
 
 class Lifecycle(enum.Enum):
@@ -267,4 +307,5 @@ def parse_instance(
         started_at=timestamp(pod.get("lastStartedAt")),
         ip=ip if isinstance(ip, str) and ip else None,
         price_per_hour=as_number(pod.get("costPerHr")) or 0.0,
+        endpoints=reached_at(pod, pod_id),
     )
