@@ -4,7 +4,8 @@ EndpointSlices the agent writes (``endpoint_slices.enabled``).
 On the real control plane, with the ``local`` provider exposing each declared port at the
 host side of a veth pair this test creates (``local.address``): two replicas serving HTTP
 with a readiness probe, each on ports of its own (so each is a slice of its own mapping), and
-two Services over them with different ``targetPort`` names. An HTTP client inside the
+two Services over them with different ``targetPort`` names (and a third naming a port they do
+not declare: no slice, a ``PortNotExposed`` Warning on each replica). An HTTP client inside the
 test's network namespace connects to every listed endpoint and gets that replica's answer.
 Then the agent is SIGKILLed (the slices stay as they were), restarted (both replicas stay
 listed while it adopts), and a replica is deleted (its endpoint turns terminating, then
@@ -153,6 +154,8 @@ async def test_services_reach_the_replicas_where_the_provider_exposes_them(
     core = client.CoreV1Api(kube)
     await core.create_namespaced_service(namespace, _service("infer", "http", 80))
     await core.create_namespaced_service(namespace, _service("infer-admin", "admin", 9090))
+    # Names a port the replicas do not declare: no slice, a Warning on each ready replica.
+    await core.create_namespaced_service(namespace, _service("infer-debug", "debug", 7000))
     for name in REPLICAS:
         await core.create_namespaced_pod(namespace, _replica(agent.node, name))
 
@@ -181,6 +184,16 @@ async def test_services_reach_the_replicas_where_the_provider_exposes_them(
         assert _get_from(node_link, address, port) == f"{name}:{port}"
     admin = _endpoints(await _slices(api, namespace, "infer-admin"))
     assert {n: p for n, (_, p, _) in admin.items()} == {n: a for n, (_, a) in REPLICAS.items()}
+    assert await _slices(api, namespace, "infer-debug") == []
+
+    async def warned() -> list[Any] | None:
+        events = await core.list_namespaced_event(namespace, field_selector="reason=PortNotExposed")
+        return events.items if len(events.items) == len(REPLICAS) else None
+
+    for event in await wait_for(warned, timeout=60, what="a PortNotExposed Warning per replica"):
+        assert event.type == "Warning" and event.involved_object.name in REPLICAS
+        assert "Service infer-debug port web will not reach this replica" in event.message
+        assert "declares no TCP port named 'debug'" in event.message
 
     # An agent outage leaves the slices as they were; the restarted agent keeps them right.
     before = {s["metadata"]["name"]: s["endpoints"] for s in await _slices(api, namespace, "infer")}

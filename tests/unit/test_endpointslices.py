@@ -11,6 +11,7 @@ from vk_provider.domain.endpointslices import (
     changes,
     exposed_pod,
     slices_for,
+    unreached,
 )
 from vk_provider.domain.models import PortEndpoint
 
@@ -205,3 +206,19 @@ def test_a_pod_object_gives_its_readiness_deletion_and_declared_ports() -> None:
     )
     pod_object["status"] = {"conditions": [{"type": "Ready", "status": "False"}]}
     assert not exposed_pod(pod_object, []).ready
+
+
+def test_each_port_that_reaches_nothing_of_a_pod_says_why() -> None:
+    up = pod("a", PortEndpoint(8000, "TCP", "10.9.0.1", 8000))
+    svc = service(
+        HTTP,
+        {"name": "metrics", "port": 9090, "targetPort": "metrics"},  # declared, not exposed
+        {"name": "admin", "port": 81, "targetPort": "admin"},  # not declared at all
+        {"port": 53, "targetPort": 8000, "protocol": "UDP"},  # exposed over TCP only
+    )
+    assert unreached(svc, up) == [
+        ("metrics", "its provider does not expose container port 9090/TCP"),
+        ("admin", "the pod declares no TCP port named 'admin'"),
+        ("53", "its provider does not expose container port 8000/UDP"),
+    ]
+    assert unreached(service(HTTP), up) == []

@@ -15,8 +15,9 @@ serving); after a start nothing is written until every provider holding one of t
 pods has been listed, then the slices are corrected (adoption: a replica not known yet is
 never dropped); a pod's endpoints are its instance's last report while the pod lives (a
 terminating replica stays listed, terminating, until it is gone); a pod that is gone leaves
-its slices at the next tick. A write that fails (a conflict, a Service
-deleted meanwhile) is retried at the next tick, which reads everything again.
+its slices at the next tick. A write that fails (a conflict, a Service deleted meanwhile) is
+retried at the next tick, which reads everything again. A ready pod a Service selects but
+cannot reach on some port gets one ``PortNotExposed`` Warning per port, never a crash.
 """
 
 from __future__ import annotations
@@ -36,15 +37,21 @@ from vk_provider.domain.endpointslices import (
     ExposedPod,
     changes,
     exposed_pod,
+    selects,
     slices_for,
+    unreached,
 )
+from vk_provider.domain.explain import WARNING
+from vk_provider.domain.logfields import about
 from vk_provider.domain.models import InstanceState, PortEndpoint
 from vk_provider.domain.podview import ANN_INSTANCE, ANN_PROVIDER
 from vk_provider.kube.client import JSON, ApiError, KubeClient
+from vk_provider.kube.events import EventRecorder
 
 log = logging.getLogger(__name__)
 
 SLICES = "/apis/discovery.k8s.io/v1"
+PORT_NOT_EXPOSED = "PortNotExposed"  # a Warning: a Service selects the pod, a port misses it
 ServiceKey = tuple[str, str]  # namespace, name
 _REACHABLE = (InstanceState.RUNNING, InstanceState.TERMINATING)
 
@@ -58,14 +65,18 @@ class EndpointSliceController:
         *,
         node: str,
         resync_seconds: float,
+        events: EventRecorder | None = None,
     ) -> None:
         self._kube = kube
         self._store = store
         self._tracker = tracker
         self._node = node
         self._resync = resync_seconds
+        self._events = events
         # pod UID -> the endpoints its instance last reported (kept while the pod lives).
         self._known: dict[str, tuple[PortEndpoint, ...]] = {}
+        # (pod UID, namespace, Service, port) already warned about: one Event each.
+        self._warned: set[tuple[str, str, str, str]] = set()
 
     async def run(self) -> None:
         await every(lambda: self._resync, self.tick, log=log, what="endpoint slices")
@@ -103,6 +114,7 @@ class EndpointSliceController:
         live = {p.uid for p in found}
         for uid in [u for u in self._known if u not in live]:
             del self._known[uid]
+        self._warned = {w for w in self._warned if w[0] in live}
         return found
 
     async def tick(self) -> None:
@@ -122,6 +134,7 @@ class EndpointSliceController:
                 if built:
                     meta = service.get("metadata") or {}
                     wanted[(str(meta.get("namespace")), str(meta.get("name")))] = built
+                await self._warn(service, pods)
         have: dict[ServiceKey, list[JSON]] = {}
         for slice_ in existing:
             meta = slice_.get("metadata") or {}
@@ -133,6 +146,30 @@ class EndpointSliceController:
         log.debug(
             "endpoint slices: %d services over the node's pods, %d written", len(wanted), written
         )
+
+    async def _warn(self, service: Mapping[str, Any], pods: list[ExposedPod]) -> None:
+        """A Warning on each ready pod a Service selects but cannot reach on some port: the
+        pod runs on, its Service just leaves it out of that port (once per pod and port; a
+        pod still starting is not warned about, its provider has not exposed anything yet)."""
+        if self._events is None:
+            return
+        meta = service.get("metadata") or {}
+        namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+        for pod in pods:
+            if not pod.ready or pod.terminating or not selects(service, pod):
+                continue
+            for port, why in unreached(service, pod):
+                key = (pod.uid, namespace, name, port)
+                if key in self._warned:
+                    continue
+                self._warned.add(key)
+                message = f"Service {name} port {port} will not reach this replica: {why}"
+                reference = {
+                    "kind": "Pod",
+                    "metadata": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
+                }
+                await self._events.record(reference, WARNING, PORT_NOT_EXPOSED, message)
+                log.warning("%s", message, extra=about((pod.namespace, pod.name)))
 
     async def _apply(self, key: ServiceKey, wanted: list[JSON], have: list[JSON]) -> int:
         """Write what differs for one Service; how many slices were written."""

@@ -71,23 +71,54 @@ class ExposedPod:
     exposed: tuple[PortEndpoint, ...]
 
 
-def _target(pod: ExposedPod, port: Mapping[str, Any]) -> PortEndpoint | None:
-    """The pod's exposed endpoint for one Service port, or None when it has none."""
-    protocol = str(port.get("protocol") or "TCP")
+def _target_of(port: Mapping[str, Any]) -> int | str:
+    """A Service port's ``targetPort``: a number, or a container port's name (its ``port``
+    when unset)."""
     target = port.get("targetPort")
     if target is None or target == "":
         target = port.get("port")
     if isinstance(target, str) and not target.isdigit():
-        named = [d for d in pod.declared if d.name == target and d.protocol == protocol]
-        if not named:
-            return None
-        number = named[0].container_port
-    else:
-        number = int(target)  # type: ignore[arg-type]
+        return target
+    return int(target)  # type: ignore[arg-type]
+
+
+def _container_port(pod: ExposedPod, port: Mapping[str, Any]) -> int | None:
+    """The container port a Service port targets on ``pod``; None for a name it does not
+    declare."""
+    target = _target_of(port)
+    if isinstance(target, int):
+        return target
+    protocol = str(port.get("protocol") or "TCP")
+    named = [d for d in pod.declared if d.name == target and d.protocol == protocol]
+    return named[0].container_port if named else None
+
+
+def _target(pod: ExposedPod, port: Mapping[str, Any]) -> PortEndpoint | None:
+    """The pod's exposed endpoint for one Service port, or None when it has none."""
+    protocol = str(port.get("protocol") or "TCP")
+    number = _container_port(pod, port)
     for endpoint in pod.exposed:
         if endpoint.container_port == number and endpoint.protocol == protocol:
             return endpoint
     return None
+
+
+def unreached(service: Mapping[str, Any], pod: ExposedPod) -> list[tuple[str, str]]:
+    """(port key, why) for each port of ``service`` that reaches nothing of ``pod``, which it
+    selects: a ``targetPort`` name the pod does not declare, or a port its provider does not
+    expose. The key names the Service port (its name, else its number)."""
+    found = []
+    for port in (service.get("spec") or {}).get("ports") or []:
+        if _target(pod, port) is not None:
+            continue
+        protocol = str(port.get("protocol") or "TCP")
+        number = _container_port(pod, port)
+        if number is None:
+            why = f"the pod declares no {protocol} port named {_target_of(port)!r}"
+        else:
+            why = f"its provider does not expose container port {number}/{protocol}"
+        found.append((str(port.get("name") or port.get("port")), why))
+    return found
 
 
 def selects(service: Mapping[str, Any], pod: ExposedPod) -> bool:

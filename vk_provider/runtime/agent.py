@@ -212,6 +212,7 @@ class Agent:
                 pods.tracker,
                 node=config.node.name,
                 resync_seconds=config.endpoint_slices.resync_seconds,
+                events=pod_events,
             )
             if config.endpoint_slices.enabled
             else None
