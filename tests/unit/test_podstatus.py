@@ -187,3 +187,24 @@ def test_rewriting_the_same_state_changes_nothing_and_init_statuses_are_compared
     done = PodContainers((running(),), (ended("init"),))
     moved = pod_status(pod(**first), done, now=later, host_ip="10.0.0.1", pod_ip=None)
     assert status_changed(first, moved)
+
+
+def test_conditions_others_own_are_kept_as_a_kubelet_keeps_them() -> None:
+    """The eviction API's DisruptionTarget (and a readiness gate's condition) survive every
+    status the agent writes: the merge patch replaces the list, so they are written back."""
+    evicted = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "EvictionByEvictionAPI",
+        "message": "Eviction API: evicting",
+    }
+    gate = {"type": "example.com/lb-ready", "status": "False"}
+    containers = PodContainers((running(),), (ended("init"),))
+    status = pod_status(
+        pod(conditions=[evicted, gate]), containers, now=NOW, host_ip="10.0.0.1", pod_ip=None
+    )
+    assert evicted in status["conditions"] and gate in status["conditions"]
+    assert [c["type"] for c in status["conditions"]].count("Ready") == 1
+    assert not status_changed(
+        status, pod_status(pod(**status), containers, now=NOW, host_ip="10.0.0.1", pod_ip=None)
+    )

@@ -266,6 +266,12 @@ def pod_phase(view: ContainerView | PodContainers, restart_policy: str) -> str:
     return "Failed" if restart_policy == "Never" else "Running"
 
 
+# The pod conditions the agent writes (as a kubelet owns them); every other is kept.
+OWN_CONDITIONS = frozenset(
+    {"PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"}
+)
+
+
 def pod_status(
     pod: PodView,
     view: ContainerView | PodContainers,
@@ -296,6 +302,10 @@ def pod_status(
         _condition("ContainersReady", ready, now, previous, not_ready),
         _condition("PodScheduled", True, now, previous),
     ]
+    # Conditions others own stay, as a kubelet's status manager keeps them: the API server's
+    # DisruptionTarget on an eviction (Jobs' pod failure policies and our log read it),
+    # readiness gates' conditions. The merge patch replaces the list, so they are resent.
+    conditions += [c for t, c in previous.items() if t not in OWN_CONDITIONS]
     status: JSON = {
         "phase": phase,
         "conditions": conditions,
