@@ -398,6 +398,13 @@ def _token_server(context: ssl.SSLContext, authorizer: FakeAuthorizer) -> Kubele
     )
 
 
+def _trusting(server: KubeletApiServer, cert: Path) -> httpx.AsyncClient:
+    """An HTTPS client of ``server`` that trusts ``cert`` alone."""
+    return httpx.AsyncClient(
+        base_url=f"https://127.0.0.1:{server.port}", verify=ssl.create_default_context(cafile=cert)
+    )
+
+
 async def test_a_self_signed_serving_certificate_serves_tls_with_tokens_only(
     tmp_path: Path,
 ) -> None:
@@ -408,10 +415,7 @@ async def test_a_self_signed_serving_certificate_serves_tls_with_tokens_only(
     server = _token_server(build_server_ssl_context(cert, key, None), authorizer)
     await server.start()
     try:
-        async with httpx.AsyncClient(
-            base_url=f"https://127.0.0.1:{server.port}",
-            verify=ssl.create_default_context(cafile=cert),
-        ) as client:
+        async with _trusting(server, cert) as client:
             assert (await client.get("/healthz")).status_code == 401
             response = await client.get(
                 "/healthz", headers={"Authorization": f"Bearer {SECRET_TOKEN}"}
@@ -434,10 +438,7 @@ async def test_without_a_certificate_yet_every_handshake_fails_until_one_is_load
     server = _token_server(context, FakeAuthorizer())
     await server.start()
     try:
-        async with httpx.AsyncClient(
-            base_url=f"https://127.0.0.1:{server.port}",
-            verify=ssl.create_default_context(cafile=cert),
-        ) as client:
+        async with _trusting(server, cert) as client:
             with pytest.raises(httpx.ConnectError):
                 await client.get("/healthz")
             context.load_cert_chain(cert, key)

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from vk_provider.domain.handoverworld import pod_ready
 from vk_provider.domain.models import PortEndpoint
 
 JSON = dict[str, Any]
@@ -257,13 +258,12 @@ def exposed_pod(pod: Mapping[str, Any], endpoints: Sequence[PortEndpoint]) -> Ex
     """What the slices need of a pod object of our node and its instance's ``endpoints``:
     ready when its Ready condition is True, terminating once its deletion began."""
     metadata = pod.get("metadata") or {}
-    conditions = (pod.get("status") or {}).get("conditions") or []
     return ExposedPod(
         namespace=str(metadata.get("namespace") or ""),
         name=str(metadata.get("name") or ""),
         uid=str(metadata.get("uid") or ""),
         labels=dict(metadata.get("labels") or {}),
-        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+        ready=pod_ready(pod),
         terminating=bool(metadata.get("deletionTimestamp")),
         declared=_declared(pod),
         exposed=tuple(endpoints),
