@@ -44,6 +44,7 @@ pytestmark = pytest.mark.integration
 LEASE_NAMESPACE = AUDITED_NAMESPACE  # the agent's own ($POD_NAMESPACE, as the harness sets it)
 LEASE_DURATION = 15
 RETRY_PERIOD = 2
+RENEWED_WITHIN = 5.0  # seconds from a restarted replica's start to its node Lease renewed
 # A takeover waits one lease duration from the follower's last sight of a renewal, and is
 # noticed on its next read: at most duration + retry period after the kill, plus the time a
 # loaded 2-core machine takes to answer.
@@ -389,8 +390,10 @@ async def test_a_restarted_agent_takes_its_own_lease_back_at_once_and_nothing_go
         stop.set()
         await sampler
     print(f"node Lease renewed {elapsed:.1f}s after the restart")
-    # Waiting for its own election Lease to expire would take a whole lease duration.
-    assert elapsed < LEASE_DURATION - RETRY_PERIOD, f"{elapsed:.1f}s"
+    # Waiting for its own election Lease to expire would take a whole lease duration (15 s);
+    # the same replica renews the node Lease within 5 s of its process starting (imports,
+    # config, the election and the first renewal included).
+    assert elapsed <= RENEWED_WITHIN, f"{elapsed:.1f}s"
     assert await _holder(api, agent.node) == identity
     assert unready == [], unready
     assert after == before  # adopted, not launched again

@@ -10,6 +10,7 @@ from vk_provider.domain.endpointslices import (
     ExposedPod,
     changes,
     exposed_pod,
+    reachable_pod_ip,
     slices_for,
     unreached,
 )
@@ -222,3 +223,37 @@ def test_each_port_that_reaches_nothing_of_a_pod_says_why() -> None:
         ("53", "its provider does not expose container port 8000/UDP"),
     ]
     assert unreached(service(HTTP), up) == []
+
+
+def _pod_object(*ports: tuple[int, str]) -> dict[str, Any]:
+    declared = [{"containerPort": number, "protocol": protocol} for number, protocol in ports]
+    return {"spec": {"containers": [{"name": "main", "ports": declared}]}}
+
+
+def test_the_pod_ip_is_the_address_that_exposes_every_declared_port_on_its_own_number() -> None:
+    """1:1 at one IP (a VM publishing its ports, a flat network): that IP is the podIP, so
+    the cluster's own slices (podIP and container port) reach the pod too."""
+    pod_object = _pod_object((8000, "TCP"), (9090, "TCP"))
+    endpoints = [PortEndpoint(8000, "TCP", "198.51.100.4", 8000)]
+    assert reachable_pod_ip(pod_object, endpoints) is None  # 9090 not exposed
+    endpoints.append(PortEndpoint(9090, "TCP", "198.51.100.4", 9090))
+    assert reachable_pod_ip(pod_object, endpoints) == "198.51.100.4"
+
+
+def test_no_pod_ip_where_the_cluster_would_reach_nothing_at_it() -> None:
+    """Mapped ports, a proxy hostname, ports at two addresses, or nothing declared: no
+    podIP, so no slice of the cluster's points at an unreachable address."""
+    web = _pod_object((8000, "TCP"))
+    assert reachable_pod_ip(web, [PortEndpoint(8000, "TCP", "203.0.113.7", 40123)]) is None
+    proxied = [PortEndpoint(8000, "TCP", "abc-8000.proxy.runpod.net", 8000)]
+    assert reachable_pod_ip(web, proxied) is None
+    assert reachable_pod_ip(web, []) is None
+    two = _pod_object((8000, "TCP"), (9090, "TCP"))
+    split = [
+        PortEndpoint(8000, "TCP", "10.0.0.1", 8000),
+        PortEndpoint(9090, "TCP", "10.0.0.2", 9090),
+    ]
+    assert reachable_pod_ip(two, split) is None
+    assert reachable_pod_ip(_pod_object(), [PortEndpoint(8000, "TCP", "10.0.0.1", 8000)]) is None
+    udp = _pod_object((5353, "UDP"))
+    assert reachable_pod_ip(udp, [PortEndpoint(5353, "TCP", "10.0.0.1", 5353)]) is None

@@ -34,11 +34,14 @@ from vk_provider.domain.contract import ExecSession
 from vk_provider.domain.envvar import EnvVar, Port
 from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
 from vk_provider.domain.models import InstanceState, LogOptions, WorkloadSpec
+from vk_provider.settings.secrets import ConfigError
+from vk_provider_adapters.local import netns as local_netns
 from vk_provider_adapters.local.adapter import LocalProvider
 from vk_provider_adapters.local.exec import LocalExec, start_exec
 from vk_provider_adapters.local.portforward import declared_ports, open_local_port
 from vk_provider_adapters.local.processes import ProcessRecord, start_ticks
 from vk_provider_adapters.local.usage import instance_usage
+from vk_provider_dev.cluster import netns
 
 
 class Programs:
@@ -295,7 +298,7 @@ async def test_a_declared_port_is_forwarded_to_127_0_0_1(
         await stream.close()
         with pytest.raises(InvalidSpec, match=rf"declared containerPorts: 9, {port}"):
             await open_local_port(directory, 22, provider="local-a")
-        with pytest.raises(Transient, match="failed to connect to localhost:9"):
+        with pytest.raises(Transient, match="failed to connect to 127.0.0.1:9"):
             await open_local_port(directory, 9, provider="local-a")
     finally:
         server.close()
@@ -377,3 +380,95 @@ async def collect_exec(session: ExecSession) -> tuple[bytes, bytes, int]:
         async for fd, chunk in session.output():
             (out if fd == 1 else err).extend(chunk)
         return bytes(out), bytes(err), await session.wait()
+
+
+# --------------------------------------------------------------------------- network namespaces
+
+SERVE_ALL = SERVE.replace("('127.0.0.1',", "('0.0.0.0',")
+
+
+@pytest.fixture
+def two_namespaces() -> Iterator[list[netns.VethNamespace]]:
+    """Two network namespaces, each reached from here over a veth pair of its own."""
+    made: list[netns.VethNamespace] = []
+    try:
+        for name, seed in (("locala", 101), ("localb", 202)):
+            made.append(netns.create(name, seed=seed))
+        yield made
+    finally:
+        for link in made:
+            netns.remove(link)
+
+
+async def test_providers_in_network_namespaces_of_their_own_serve_the_same_port_apart(
+    state_dir: Path,  # noqa: F811 - the fixture
+    two_namespaces: list[netns.VethNamespace],
+) -> None:
+    """Two providers with ``network_namespace``: a pod each, both listening on the same port
+    on every address, as pods on two nodes do. Each is reached at its namespace's address
+    (the endpoint it reports, the agent's probes' ``ip``), its exec runs in that namespace,
+    and a port-forward reaches it there."""
+    port = 18311
+    providers = []
+    try:
+        for link in two_namespaces:
+            config = make_config(
+                name=link.namespace, network_namespace=link.namespace, address=link.peer_address
+            )
+            local = LocalProvider(config, state_dir=state_dir / link.namespace)
+            providers.append(local)
+            app = ContainerSpec(
+                name="app",
+                image="ignored",
+                command=(sys.executable, "-c", SERVE_ALL),
+                env=(EnvVar("PORT", str(port)), EnvVar("WHO", link.namespace)),
+                ports=(Port(port),),
+            )
+            spec = WorkloadSpec(
+                pod_uid=f"pod-{link.namespace}", namespace="default", pod_name="p",
+                containers=(app,),
+            )  # fmt: skip
+            created = await local.create(spec, await offer(local))
+            running = await wait_state(local, created.instance_id, InstanceState.RUNNING)
+            assert running.ip == link.peer_address
+            assert [(e.address, e.port) for e in running.endpoints] == [(link.peer_address, port)]
+
+            async def answers(address: str = link.peer_address) -> bytes | None:
+                try:
+                    reader, writer = await asyncio.open_connection(address, port)
+                except OSError:
+                    return None
+                try:
+                    return await reader.read(100)
+                finally:
+                    writer.close()
+
+            greeting = await wait_for(answers, timeout=20, interval=0.1, what="the pod")
+            assert greeting == f"hello from {link.namespace}".encode()
+
+            session = await local.exec(
+                created.instance_id, "app", ["readlink", "/proc/self/ns/net"], tty=False
+            )
+            try:
+                out, _, code = await collect_exec(session)
+            finally:
+                await session.close()
+            inode = local_netns.namespace_path(link.namespace).stat().st_ino
+            assert (out.strip(), code) == (f"net:[{inode}]".encode(), 0)
+
+            stream = await local.open_port(created.instance_id, port)
+            try:
+                assert await stream.read(100) == f"hello from {link.namespace}".encode()
+            finally:
+                await stream.close()
+    finally:
+        for local in providers:
+            await local.close()
+
+
+def test_a_network_namespace_needs_an_address_and_must_exist(state_dir: Path) -> None:  # noqa: F811
+    with pytest.raises(ValueError, match="network_namespace needs address"):
+        make_config(network_namespace="vk-nope")
+    config = make_config(network_namespace="vk-nope", address="10.213.9.2")
+    with pytest.raises(ConfigError, match="network_namespace 'vk-nope' does not exist"):
+        LocalProvider(config, state_dir=state_dir)

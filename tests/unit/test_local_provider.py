@@ -647,9 +647,9 @@ async def test_create_get_and_offers_read_no_other_instance(
     looked: list[str] = []
     real = adapter_module.observe
 
-    def counting(directory: Path, *, provider: str) -> Instance | None:
+    def counting(directory: Path, *, provider: str, ip: str) -> Instance | None:
         looked.append(directory.name)
-        return real(directory, provider=provider)
+        return real(directory, provider=provider, ip=ip)
 
     monkeypatch.setattr(adapter_module, "observe", counting)
     created = await local.create(make_spec(SLEEP, uid="new"), cpu)

@@ -23,6 +23,7 @@ from typing import Protocol
 from vk_provider.controllers.podwriter import PodWriter
 from vk_provider.domain import explain
 from vk_provider.domain.contract import Provider
+from vk_provider.domain.endpointslices import reachable_pod_ip
 from vk_provider.domain.lifecycle import crash_backoff
 from vk_provider.domain.logfields import about
 from vk_provider.domain.models import Instance, InstanceState
@@ -117,7 +118,9 @@ class StatusReporter:
                 where = about(pod.key, instance.instance_id, instance.provider)
                 log.info("%s", event.message, extra=where)
             await self._write.event(pod, event)
-        await self._write.status(pod, containers, pod_ip=instance.ip, phase=phase)
+        await self._write.status(
+            pod, containers, pod_ip=reachable_pod_ip(pod.raw, instance.endpoints), phase=phase
+        )
         return containers
 
     async def placed(self, pod: PodView, instance: Instance) -> None:
@@ -152,7 +155,7 @@ class StatusReporter:
                 agent_probes=agent,
             )
             view = replace(view, ready=ready, started=started_ok)
-        await self._write.status(pod, view, pod_ip=instance.ip)
+        await self._write.status(pod, view, pod_ip=reachable_pod_ip(pod.raw, instance.endpoints))
         if recorded is None:
             started_event = explain.Event(
                 explain.NORMAL, explain.STARTED, f"Started container {pod.container_name}"
@@ -169,7 +172,7 @@ class StatusReporter:
             return
         ended = terminated_of(instance, now=self._now())
         view = container_view(pod, ended, instance_id=instance.instance_id)
-        await self._write.status(pod, view, pod_ip=instance.ip)
+        await self._write.status(pod, view, pod_ip=reachable_pod_ip(pod.raw, instance.endpoints))
 
     async def back_off(self, pod: PodView, instance: Instance) -> None:
         """A single container exited and restarts once the crash-loop back-off is over."""

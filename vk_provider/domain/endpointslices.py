@@ -24,6 +24,12 @@ EndpointSlice controller would for ordinary pods:
 ``changes`` compares the slices wanted with those that exist (ours only) and says which to
 create, replace and delete.
 
+``reachable_pod_ip`` decides the pod's ``podIP``: kube-controller-manager builds the
+Service's own slices from it and the container's port, so a pod on the virtual node carries
+one only where that is true: an IP at which its provider exposes every declared port on its
+own number (a VM or a flat network, 1:1). Anywhere else (mapped ports, a proxy host, a tunnel,
+no port exposed) it has none, and the cluster's controller leaves it out of its slices.
+
 Invariants: pure; never a slice for a Service without a selector or of type ExternalName;
 never an endpoint of a pod in another namespace, on another node, or that the selector does
 not match; never an address the provider did not report as reachable.
@@ -252,6 +258,24 @@ def _declared(pod: Mapping[str, Any]) -> tuple[DeclaredPort, ...]:
         for port in container.get("ports") or []
         if isinstance(port.get("containerPort"), int)
     )
+
+
+def reachable_pod_ip(pod: Mapping[str, Any], endpoints: Sequence[PortEndpoint]) -> str | None:
+    """The ``podIP`` a pod object of our node carries, given its instance's ``endpoints``:
+    the one IP address at which every declared port is exposed on its own number, else none
+    (no port declared or exposed, a port left out, mapped elsewhere or at a hostname)."""
+    declared = {(p.container_port, p.protocol.upper()) for p in _declared(pod)}
+    if not declared:
+        return None
+    reached = {
+        (e.container_port, e.protocol.upper()): e
+        for e in endpoints
+        if e.port == e.container_port and e.address_type != "FQDN"
+    }
+    if not declared <= reached.keys():
+        return None
+    addresses = {reached[key].address for key in declared}
+    return addresses.pop() if len(addresses) == 1 else None
 
 
 def exposed_pod(pod: Mapping[str, Any], endpoints: Sequence[PortEndpoint]) -> ExposedPod:

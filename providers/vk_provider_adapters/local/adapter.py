@@ -54,6 +54,7 @@ from pathlib import Path
 from vk_provider.sdk import (
     Capabilities,
     CapacityUnavailable,
+    ConfigError,
     ContainerUsage,
     ExecSession,
     Instance,
@@ -79,6 +80,7 @@ from vk_provider_adapters.local.layout import (
     container_spec,
 )
 from vk_provider_adapters.local.logs import stream_log
+from vk_provider_adapters.local.netns import namespace_path, reached_at
 from vk_provider_adapters.local.observe import exposed_ports, observe
 from vk_provider_adapters.local.portforward import open_local_port
 from vk_provider_adapters.local.processes import signal_runner
@@ -140,6 +142,12 @@ class LocalProvider:
                 f"provider {config.name!r} (type local) runs commands on this machine; "
                 "set enabled: true to allow it"
             )
+        namespace = config.network_namespace
+        if namespace is not None and not namespace_path(namespace).exists():
+            raise ConfigError(
+                f"provider {config.name!r}: network_namespace {namespace!r} does not exist "
+                f"({namespace_path(namespace)}; create it with ip netns add)"
+            )
         self._config = config
         self._state_dir = config.state_dir if config.state_dir is not None else state_dir
         self._state_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +164,9 @@ class LocalProvider:
         # looks at the sku's instances only when the count says full.
         self._index: dict[str, set[str]] | None = None
         # Forks each instance's runner from one waiting process (``spawner.py``).
-        self._spawner = Spawner(self._state_dir)
+        self._spawner = Spawner(self._state_dir, namespace=config.network_namespace)
+        # Where the agent's probes and port-forwards reach this provider's processes.
+        self._host = reached_at(config.network_namespace, config.address)
         # Creates under way (their files are written off the event loop): the answer each
         # will give, and the sku each has claimed in the index.
         self._creating: dict[str, asyncio.Future[Instance]] = {}  # the create tasks
@@ -244,7 +254,7 @@ class LocalProvider:
         await self._delay()
         await self._settled(instance_id)
         with _io_errors_as_transient(self.name):
-            instance = observe(self._directory(instance_id), provider=self.name)
+            instance = self._observe(self._directory(instance_id))
         if instance is None or instance.state not in ACTIVE:
             self._unindex(instance_id)
         if instance is None:
@@ -279,7 +289,7 @@ class LocalProvider:
             path = self._log_path(base, instance_id, options)
 
         def active() -> bool:
-            instance = observe(directory, provider=self.name) if live else None
+            instance = self._observe(directory) if live else None
             return instance is not None and instance.state in ACTIVE
 
         async for chunk in stream_log(path, options, active=active):
@@ -303,6 +313,9 @@ class LocalProvider:
             if record.process is not None:
                 signal_runner(record.process, signal.SIGUSR1)  # look at the requests now
 
+    def _observe(self, directory: Path) -> Instance | None:
+        return observe(directory, provider=self.name, ip=self._host)
+
     # --- optional operations: exec.py, portforward.py, usage.py ---------------------------
 
     async def exec(
@@ -310,12 +323,19 @@ class LocalProvider:
     ) -> ExecSession:
         directory = self._directory(instance_id)
         with _io_errors_as_transient(self.name):
-            return await start_exec(directory, container, command, tty=tty, provider=self.name)
+            return await start_exec(
+                directory,
+                container,
+                command,
+                tty=tty,
+                provider=self.name,
+                namespace=self._config.network_namespace,
+            )
 
     async def open_port(self, instance_id: str, port: int) -> PortStream:
         directory = self._directory(instance_id)
         with _io_errors_as_transient(self.name):
-            return await open_local_port(directory, port, provider=self.name)
+            return await open_local_port(directory, port, provider=self.name, host=self._host)
 
     async def usage(self, instance_id: str) -> list[ContainerUsage]:
         directory = self._directory(instance_id)
@@ -367,7 +387,7 @@ class LocalProvider:
                 field="metadata.uid",
             )
         directory = self._state_dir / instance_id
-        existing = observe(directory, provider=self.name)
+        existing = self._observe(directory)
         if existing is not None:
             return existing
         local_containers(spec, provider=self.name)  # refuse what cannot run before any claim
@@ -441,7 +461,7 @@ class LocalProvider:
         record = dataclasses.replace(record, process=process)
         write_json(directory / INSTANCE_FILE, record.to_json())
         log.info("started %s for pod %s (pid %d)", directory.name, spec.pod_uid, process.pid)
-        instance = observe(directory, provider=self.name)
+        instance = self._observe(directory)
         assert instance is not None  # we just wrote it
         return instance
 
@@ -456,7 +476,7 @@ class LocalProvider:
             if directory.name in self._claims:
                 continue  # being written by a create under way: listed once it is whole
             record = read_record(directory)
-            instance = observe(directory, provider=self.name)
+            instance = self._observe(directory)
             if record is None or instance is None:
                 continue
             if instance.state is InstanceState.TERMINATED:
@@ -486,7 +506,7 @@ class LocalProvider:
             for instance_id in list(ids):
                 if instance_id in self._claims:
                     continue  # a create under way: not whole yet, and it holds its room
-                instance = observe(self._state_dir / instance_id, provider=self.name)
+                instance = self._observe(self._state_dir / instance_id)
                 if instance is None or instance.state not in ACTIVE:
                     ids.discard(instance_id)
         return {sku: len(ids) for sku, ids in self._index.items()}

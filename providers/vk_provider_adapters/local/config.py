@@ -48,6 +48,15 @@ class LocalProviderConfig(ProviderSettings):
         "declared containerPort is exposed there (the process listens on it, or on every "
         "address). A non-loopback IP; none: ports are not exposed.",
     )
+    network_namespace: str | None = Field(
+        None,
+        description="An existing network namespace (``ip netns``) every process of this "
+        "provider runs in, so its pods listen apart from this machine's and from other "
+        "providers' (two pods declaring the same port need two namespaces). Needs "
+        "``address``, the namespace's address the agent and the cluster reach, and "
+        "CAP_SYS_ADMIN. None: this machine's own network.",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+    )
 
     @field_validator("address")
     @classmethod
@@ -68,4 +77,13 @@ class LocalProviderConfig(ProviderSettings):
     @model_validator(mode="after")
     def _unique_skus(self) -> LocalProviderConfig:
         unique_skus(self.offers)
+        return self
+
+    @model_validator(mode="after")
+    def _namespace_has_an_address(self) -> LocalProviderConfig:
+        if self.network_namespace is not None and self.address is None:
+            raise ValueError(
+                "network_namespace needs address: the namespace's IP, where the agent's "
+                "probes and the cluster reach its processes"
+            )
         return self

@@ -37,6 +37,7 @@ from typing import Any
 
 from vk_provider.sdk import InvalidSpec, NotFound
 from vk_provider_adapters.local.layout import container_env, container_process, container_spec
+from vk_provider_adapters.local.netns import entered
 from vk_provider_adapters.local.processes import is_running
 
 _LAUNCHER = (
@@ -76,9 +77,16 @@ def _working_dir(instance_dir: Path, container: str, pid: int) -> str:
 
 
 async def start_exec(
-    instance_dir: Path, container: str, command: list[str], *, tty: bool, provider: str
+    instance_dir: Path,
+    container: str,
+    command: list[str],
+    *,
+    tty: bool,
+    provider: str,
+    namespace: str | None = None,
 ) -> PipeExec | TtyExec:
-    """Start ``command`` in ``container`` of the instance at ``instance_dir``."""
+    """Start ``command`` in ``container`` of the instance at ``instance_dir`` (in the
+    provider's network ``namespace``, where its containers run)."""
     process = container_process(instance_dir, container)
     if process is None or not is_running(process):
         raise NotFound(f"container {container!r} is not running", provider=provider)
@@ -91,7 +99,8 @@ async def start_exec(
             f'exec: "{program}": executable file not found in $PATH', provider=provider
         )
     cwd = _working_dir(instance_dir, container, process.pid)
-    argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, "tty" if tty else "pipes", *command]
+    launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, "tty" if tty else "pipes", *command]
+    argv = entered(launcher, namespace)
     if tty:
         return await _start_tty(argv, env=env, cwd=cwd)
     try:

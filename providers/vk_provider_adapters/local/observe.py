@@ -148,8 +148,9 @@ def containers(directory: Path) -> tuple[tuple[ContainerStatus, ...], tuple[Cont
     return tuple(apps), tuple(inits)
 
 
-def observe(directory: Path, *, provider: str) -> Instance | None:
-    """The instance's state from its files and its runner; None if it does not exist."""
+def observe(directory: Path, *, provider: str, ip: str = LOCAL_IP) -> Instance | None:
+    """The instance's state from its files and its runner; None if it does not exist.
+    ``ip`` is where the agent reaches its processes (this machine, or their namespace)."""
     record = read_record(directory)
     if record is None:
         return None
@@ -180,7 +181,7 @@ def observe(directory: Path, *, provider: str) -> Instance | None:
             message=message,
             started_at=mtime(directory / STARTED_FILE),
             finished_at=finished_at,
-            ip=LOCAL_IP,
+            ip=ip,
             price_per_hour=record.price_per_hour,
             containers=apps,
             init_containers=inits,

@@ -52,7 +52,9 @@ class TcpPortStream:
             await self._writer.wait_closed()
 
 
-async def open_local_port(instance_dir: Path, port: int, *, provider: str) -> TcpPortStream:
+async def open_local_port(
+    instance_dir: Path, port: int, *, provider: str, host: str = "127.0.0.1"
+) -> TcpPortStream:
     declared = declared_ports(instance_dir)
     if port not in declared:
         listed = ", ".join(str(p) for p in sorted(declared)) or "none"
@@ -62,9 +64,9 @@ async def open_local_port(instance_dir: Path, port: int, *, provider: str) -> Tc
             provider=provider,
         )
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection(host, port)
     except OSError as exc:
         raise Transient(
-            f"failed to connect to localhost:{port}: {exc.strerror or exc}", provider=provider
+            f"failed to connect to {host}:{port}: {exc.strerror or exc}", provider=provider
         ) from exc
     return TcpPortStream(reader, writer)

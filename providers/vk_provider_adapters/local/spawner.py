@@ -45,6 +45,7 @@ import threading
 import traceback
 from pathlib import Path
 
+from vk_provider_adapters.local.netns import entered
 from vk_provider_adapters.local.processes import ProcessRecord, start_process, start_ticks
 
 log = logging.getLogger(__name__)
@@ -143,8 +144,9 @@ def serve(channel: int) -> int:
 class Spawner:
     """The agent's end: one spawner process, started on first use, restarted if it died."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, namespace: str | None = None) -> None:
         self._state_dir = state_dir
+        self._namespace = namespace  # the network namespace the runners run in, if any
         self._lock = threading.Lock()  # creates run in worker threads: one request at a time
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
@@ -180,7 +182,7 @@ class Spawner:
 
         return start_process(
             name,
-            runner_command(directory, startup_seconds=startup_seconds),
+            entered(runner_command(directory, startup_seconds=startup_seconds), self._namespace),
             log_file=log_file,
             cwd=cwd,
         )
@@ -210,7 +212,7 @@ class Spawner:
         try:
             with (self._state_dir / SPAWNER_LOG).open("ab") as out:
                 self._process = subprocess.Popen(
-                    spawner_command(self._state_dir, theirs.fileno()),
+                    entered(spawner_command(self._state_dir, theirs.fileno()), self._namespace),
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
