@@ -11,11 +11,19 @@ What it keeps faithful to Modal (``modal/sandbox.py``):
   a sandbox reaching its timeout exits with 124 (``expire``).
 - ``logs`` replays a sandbox's output from the start; with ``follow`` it waits for more until
   the sandbox finishes.
+- Tunnels (``modal/_tunnel.py``, ``sandbox/_common.py``): a port the request opens gets its
+  tunnel when the sandbox starts, not before; ``tunnels`` answers None (what the real client
+  makes of ``SandboxTimeoutError``) until then. Every tunnel has a TLS host on 443
+  (``<label>.r5.modal.host``, as Modal's guide shows them); an unencrypted port also gets a
+  raw TCP endpoint, ``r5.modal.host`` and a port Modal picks. A tunnel keeps its endpoints for
+  the sandbox's life.
 
 Knobs for tests: ``fail(operation, error, times=n)`` queues failures per operation,
 ``start``/``finish``/``expire``/``write`` drive a sandbox, ``add_foreign`` adds a sandbox this
-agent did not make, ``auto_start=False`` keeps new sandboxes PENDING. Every request is kept in
-``requests`` (``SandboxRequest``) for assertions.
+agent did not make, ``auto_start=False`` keeps new sandboxes PENDING, ``hold_tunnels`` keeps a
+started sandbox's tunnels back (all, or some ports) and ``release_tunnels`` publishes them.
+Every request is kept in ``requests`` (``SandboxRequest``) and every operation in ``calls``
+for assertions.
 """
 
 from __future__ import annotations
@@ -27,14 +35,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from vk_provider.domain.errors import InvalidSpec, NotFound
-from vk_provider_adapters.modal.sandbox import SandboxInfo, SandboxNameTaken, SandboxRequest
+from vk_provider_adapters.modal.sandbox import (
+    SandboxInfo,
+    SandboxNameTaken,
+    SandboxRequest,
+    SandboxTunnel,
+)
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _TAG = re.compile(r"[A-Za-z0-9._-]{1,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 OPERATIONS = frozenset(
-    {"create", "get", "list", "from_name", "set_tags", "terminate", "logs", "close"}
+    {"create", "get", "list", "from_name", "set_tags", "terminate", "tunnels", "logs", "close"}
 )
+TUNNEL_DOMAIN = "r5.modal.host"
 
 
 @dataclass
@@ -49,6 +63,8 @@ class FakeSandbox:
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    tunnels: dict[int, SandboxTunnel] = field(default_factory=dict)
+    held: set[int] = field(default_factory=set)  # ports whose tunnels are kept back
 
     @property
     def running(self) -> bool:
@@ -67,6 +83,7 @@ class FakeSandboxClient:
         self._failures: dict[str, list[Exception]] = {}
         self._changed = asyncio.Event()
         self._counter = 0
+        self._next_tcp_port = 40000
 
     # --- knobs ---
 
@@ -82,7 +99,23 @@ class FakeSandboxClient:
         sandbox = self.sandboxes[sandbox_id]
         sandbox.started = True
         sandbox.started_at = sandbox.started_at or datetime.now(UTC)
+        self._open_tunnels(sandbox)
         self._notify()
+
+    def hold_tunnels(self, sandbox_id: str, *ports: int) -> None:
+        """Keep the tunnels of ``ports`` (all the sandbox opens, if none given) back."""
+        sandbox = self.sandboxes[sandbox_id]
+        request = sandbox.request
+        opened = (*request.encrypted_ports, *request.unencrypted_ports) if request else ()
+        sandbox.held.update(ports or opened)
+        for port in ports or opened:
+            sandbox.tunnels.pop(port, None)
+
+    def release_tunnels(self, sandbox_id: str) -> None:
+        sandbox = self.sandboxes[sandbox_id]
+        sandbox.held.clear()
+        if sandbox.started:
+            self._open_tunnels(sandbox)
 
     def finish(self, sandbox_id: str, exit_code: int) -> None:
         sandbox = self.sandboxes[sandbox_id]
@@ -167,6 +200,18 @@ class FakeSandboxClient:
         if self._find(sandbox_id).running:
             self.finish(sandbox_id, 137)
 
+    async def tunnels(
+        self, sandbox_id: str, *, wait_seconds: int
+    ) -> dict[int, SandboxTunnel] | None:
+        self._enter("tunnels")
+        assert wait_seconds > 0, "the SDK waits this long on Modal's side"
+        sandbox = self._find(sandbox_id)
+        if not sandbox.started or not sandbox.running:
+            return None
+        if not sandbox.tunnels and sandbox.held:
+            return None  # Modal has not set them up in time
+        return dict(sandbox.tunnels)
+
     async def logs(self, sandbox_id: str, *, follow: bool) -> AsyncIterator[bytes]:
         self._enter("logs")
         sandbox = self._find(sandbox_id)
@@ -204,6 +249,28 @@ class FakeSandboxClient:
 
     def _notify(self) -> None:
         self._changed.set()
+
+    def _open_tunnels(self, sandbox: FakeSandbox) -> None:
+        """The tunnels of the ports the sandbox's request opens (once each, for its life)."""
+        request = sandbox.request
+        if request is None:
+            return
+        opened = [(p, False) for p in request.encrypted_ports]
+        opened += [(p, True) for p in request.unencrypted_ports]
+        for port, unencrypted in opened:
+            if port in sandbox.tunnels or port in sandbox.held:
+                continue
+            host = f"{sandbox.sandbox_id[-8:]}p{port:05d}".lower() + f".{TUNNEL_DOMAIN}"
+            tcp_port = 0
+            if unencrypted:
+                self._next_tcp_port += 1
+                tcp_port = self._next_tcp_port
+            sandbox.tunnels[port] = SandboxTunnel(
+                host=host,
+                port=443,
+                unencrypted_host=TUNNEL_DOMAIN if unencrypted else "",
+                unencrypted_port=tcp_port,
+            )
 
     @staticmethod
     def _info(sandbox: FakeSandbox) -> SandboxInfo:

@@ -298,7 +298,7 @@ async def test_a_declared_port_is_forwarded_to_127_0_0_1(
         await stream.close()
         with pytest.raises(InvalidSpec, match=rf"declared containerPorts: 9, {port}"):
             await open_local_port(directory, 22, provider="local-a")
-        with pytest.raises(Transient, match="failed to connect to 127.0.0.1:9"):
+        with pytest.raises(Transient, match=r"failed to connect to 127\.0\.0\.1:9"):
             await open_local_port(directory, 9, provider="local-a")
     finally:
         server.close()

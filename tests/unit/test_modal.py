@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.unit import canary
-from tests.unit.fake_modal import FakeSandboxClient
+from tests.unit.fake_modal import TUNNEL_DOMAIN, FakeSandboxClient
 from tests.workloads import workload
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.errors import (
@@ -32,8 +32,17 @@ from vk_provider.domain.errors import (
     RateLimited,
     Transient,
 )
-from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, WorkloadSpec
+from vk_provider.domain.models import (
+    EnvVar,
+    InstanceState,
+    LogOptions,
+    Offer,
+    Port,
+    PortEndpoint,
+    WorkloadSpec,
+)
 from vk_provider.settings.secrets import ConfigError
+from vk_provider_adapters.modal import adapter as adapter_module
 from vk_provider_adapters.modal.adapter import CREATE_TIMEOUT_SECONDS, DEFAULT_RETRY, ModalProvider
 from vk_provider_adapters.modal.catalogue import modal_gpu_string, offer_sku
 from vk_provider_adapters.modal.config import ModalProviderConfig
@@ -41,15 +50,18 @@ from vk_provider_adapters.modal.identity import (
     ATTEMPT_TAG,
     MANAGED_BY_TAG,
     POD_UID_TAG,
+    PORTS_TAG,
     TERMINATE_TAG,
     sandbox_name,
     sandbox_state,
 )
+from vk_provider_adapters.modal.ports import OpenedPorts, opened_ports, ports_tag, reached_at
 from vk_provider_adapters.modal.sandbox import (
     SCHEDULING_WAIT_SECONDS,
     SandboxInfo,
     SandboxNameTaken,
     SandboxRequest,
+    SandboxTunnel,
 )
 from vk_provider_adapters.transport import RetryPolicy
 
@@ -423,6 +435,250 @@ async def test_list_ours_returns_only_our_running_sandboxes(
     assert fake.calls.count("list") == 1
 
 
+# --- ports: Modal tunnels, reported as endpoints ----------------------------------------------
+
+WEB_PORTS = (Port(8000), Port(9090, name="metrics"), Port(8000, name="again"), Port(5353, "UDP"))
+
+
+async def test_declared_tcp_ports_are_opened_as_raw_tcp_tunnels_and_udp_is_warned_about(
+    provider: ModalProvider, fake: FakeSandboxClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    created = await provider.create(make_spec(ports=WEB_PORTS), await offer_of(provider, "h100-x1"))
+    request = fake.requests[-1]
+    assert (request.unencrypted_ports, request.encrypted_ports) == ((8000, 9090), ())
+    assert request.tags[PORTS_TAG] == "tcp.2"  # how many, and how: read back by every get
+    assert [r.getMessage() for r in caplog.records] == [
+        f"pod {created.pod_uid}: Modal cannot tunnel port 5353/UDP; not exposed"
+    ]
+    assert created.endpoints == ()  # nothing is tunnelled before the sandbox starts
+
+
+async def test_a_sandbox_without_ports_opens_no_tunnel_and_is_never_asked_for_one(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    created = await provider.create(make_spec(), await offer_of(provider, "h100-x1"))
+    request = fake.requests[-1]
+    assert (request.unencrypted_ports, request.encrypted_ports) == ((), ())
+    assert PORTS_TAG not in request.tags
+    assert (await provider.get(created.instance_id)).endpoints == ()
+    await provider.list_ours()
+    assert "tunnels" not in fake.calls
+
+
+async def test_each_port_is_reported_at_its_raw_tcp_tunnel_once_modal_has_it(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    fake.auto_start = False
+    created = await provider.create(make_spec(ports=WEB_PORTS), await offer_of(provider, "h100-x1"))
+    pending = await provider.get(created.instance_id)
+    assert (pending.state, pending.endpoints) == (InstanceState.PENDING, ())
+    assert "tunnels" not in fake.calls  # not asked before the sandbox runs
+    fake.start(created.instance_id)
+    tunnels = fake.sandboxes[created.instance_id].tunnels
+    running = await provider.get(created.instance_id)
+    assert running.endpoints == (
+        PortEndpoint(8000, "TCP", TUNNEL_DOMAIN, tunnels[8000].unencrypted_port),
+        PortEndpoint(9090, "TCP", TUNNEL_DOMAIN, tunnels[9090].unencrypted_port),
+    )
+    assert all(e.address_type == "FQDN" for e in running.endpoints)  # Modal's host, as given
+    assert tunnels[8000].unencrypted_port != tunnels[9090].unencrypted_port
+    assert [i.endpoints for i in await provider.list_ours()] == [running.endpoints]
+
+
+async def test_expose_tls_opens_encrypted_ports_reached_at_their_tls_host_on_443(
+    fake: FakeSandboxClient,
+) -> None:
+    provider = ModalProvider(make_config(expose="tls"), client=fake, retry=NO_WAIT)
+    created = await provider.create(make_spec(ports=WEB_PORTS), await offer_of(provider, "h100-x1"))
+    request = fake.requests[-1]
+    assert (request.encrypted_ports, request.unencrypted_ports) == ((8000, 9090), ())
+    assert request.tags[PORTS_TAG] == "tls.2"
+    tunnels = fake.sandboxes[created.instance_id].tunnels
+    assert (await provider.get(created.instance_id)).endpoints == (
+        PortEndpoint(8000, "TCP", tunnels[8000].host, 443),
+        PortEndpoint(9090, "TCP", tunnels[9090].host, 443),
+    )
+    assert tunnels[8000].host.endswith(f".{TUNNEL_DOMAIN}") and not tunnels[8000].unencrypted_host
+
+
+def test_expose_accepts_tcp_and_tls_only_and_defaults_to_tcp() -> None:
+    assert make_config().expose == "tcp"
+    with pytest.raises(ValueError, match="expose"):
+        make_config(expose="http")
+
+
+async def test_tunnels_are_asked_for_until_every_port_has_one_then_never_again(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    created = await provider.create(make_spec(ports=WEB_PORTS), await offer_of(provider, "h100-x1"))
+    sandbox_id = created.instance_id
+    fake.hold_tunnels(sandbox_id)
+    assert (await provider.get(sandbox_id)).endpoints == ()  # Modal has none yet
+    fake.release_tunnels(sandbox_id)
+    fake.hold_tunnels(sandbox_id, 9090)
+    partial = await provider.list_ours()
+    assert [e.container_port for e in partial[0].endpoints] == [8000]  # what exists is listed
+    asked = fake.calls.count("tunnels")
+    assert asked == 2
+    fake.release_tunnels(sandbox_id)
+    complete = (await provider.list_ours())[0].endpoints
+    assert [e.container_port for e in complete] == [8000, 9090]
+    assert fake.calls.count("tunnels") == asked + 1
+    for _ in range(3):
+        assert (await provider.list_ours())[0].endpoints == complete
+        assert (await provider.get(sandbox_id)).endpoints == complete
+    assert fake.calls.count("tunnels") == asked + 1  # known for the sandbox's life
+
+
+async def test_endpoints_are_reported_while_the_sandbox_runs_or_stops_and_not_after(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    created = await provider.create(
+        make_spec(ports=(Port(8000),)), await offer_of(provider, "h100-x1")
+    )
+    sandbox_id = created.instance_id
+    reached = (await provider.get(sandbox_id)).endpoints
+    assert len(reached) == 1
+    tags = fake.sandboxes[sandbox_id].tags
+    tags[TERMINATE_TAG] = "requested"  # a stop under way: the sandbox still runs
+    stopping = await provider.get(sandbox_id)
+    assert (stopping.state, stopping.endpoints) == (InstanceState.TERMINATING, reached)
+    del tags[TERMINATE_TAG]
+    fake.finish(sandbox_id, 0)
+    ended = await provider.get(sandbox_id)
+    assert (ended.state, ended.endpoints) == (InstanceState.EXITED, ())
+    fake.revive(sandbox_id)  # only to show that the ended sandbox's tunnels were forgotten
+    fake.calls.clear()
+    assert (await provider.get(sandbox_id)).endpoints == reached
+    assert fake.calls.count("tunnels") == 1
+
+
+async def test_an_agent_restarted_with_another_expose_reads_each_sandbox_as_it_was_opened(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    created = await provider.create(
+        make_spec(ports=(Port(8000),)), await offer_of(provider, "h100-x1")
+    )
+    restarted = ModalProvider(make_config(expose="tls"), client=fake, retry=NO_WAIT)
+    tunnel = fake.sandboxes[created.instance_id].tunnels[8000]
+    assert (await restarted.get(created.instance_id)).endpoints == (
+        PortEndpoint(8000, "TCP", tunnel.unencrypted_host, tunnel.unencrypted_port),
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "warned"),
+    [
+        (Transient("modal tunnels: UNAVAILABLE"), True),
+        (AuthFailed("modal tunnels: token expired"), True),
+        (RuntimeError("grpc said: UNAVAILABLE"), True),  # a client must not, but may
+        (NotFound("modal get: sandbox ended"), False),  # ended since it was listed
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else "",
+)
+async def test_a_failed_tunnel_question_leaves_the_read_without_endpoints_and_unretried(
+    error: Exception,
+    warned: bool,
+    provider: ModalProvider,
+    fake: FakeSandboxClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    created = await provider.create(
+        make_spec(ports=(Port(8000),)), await offer_of(provider, "h100-x1")
+    )
+    fake.fail("tunnels", error)
+    fake.calls.clear()
+    with caplog.at_level(logging.WARNING):
+        listed = await provider.list_ours()
+    assert [(i.state, i.endpoints) for i in listed] == [(InstanceState.RUNNING, ())]
+    assert fake.calls.count("tunnels") == 1  # no retry now: the next read asks again
+    assert any("cannot read the tunnels" in r.getMessage() for r in caplog.records) is warned
+    assert [e.container_port for e in (await provider.get(created.instance_id)).endpoints] == [8000]
+
+
+async def test_a_tunnel_question_that_keeps_failing_is_warned_about_once(
+    provider: ModalProvider, fake: FakeSandboxClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    await provider.create(make_spec(ports=(Port(8000),)), await offer_of(provider, "h100-x1"))
+    fake.fail("tunnels", Transient("modal tunnels: UNAVAILABLE"), times=3)
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            assert (await provider.list_ours())[0].endpoints == ()
+    failures = [r for r in caplog.records if "cannot read the tunnels" in r.getMessage()]
+    assert [r.levelno for r in failures] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert len((await provider.list_ours())[0].endpoints) == 1
+
+
+async def test_reading_logs_does_not_ask_for_tunnels(
+    provider: ModalProvider, fake: FakeSandboxClient
+) -> None:
+    created = await provider.create(
+        make_spec(ports=(Port(8000),)), await offer_of(provider, "h100-x1")
+    )
+    fake.write(created.instance_id, b"ready\n")
+    assert [c async for c in provider.logs(created.instance_id, LogOptions())] == [b"ready\n"]
+    assert "tunnels" not in fake.calls
+
+
+async def test_tunnel_questions_that_hang_cost_a_read_the_lookup_bound_at_most(
+    provider: ModalProvider, fake: FakeSandboxClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    offer = await offer_of(provider, "h100-x1")
+    for uid in ("uid-a", "uid-b", "uid-c"):
+        await provider.create(make_spec(uid, ports=(Port(8000),)), offer)
+    never = asyncio.Event()
+    asked: list[str] = []
+
+    async def hanging(sandbox_id: str, *, wait_seconds: int) -> None:
+        asked.append(sandbox_id)
+        await never.wait()  # Modal never answers
+
+    monkeypatch.setattr(fake, "tunnels", hanging)
+    monkeypatch.setattr(adapter_module, "TUNNEL_LOOKUP_SECONDS", 0.05)
+    async with asyncio.timeout(5):
+        listed = await provider.list_ours()
+    assert [(i.state, i.endpoints) for i in listed] == [(InstanceState.RUNNING, ())] * 3
+    assert len(asked) == 3  # asked together, not one after the other
+
+
+def test_only_a_tunnels_own_endpoint_of_the_opened_kind_is_reported() -> None:
+    tunnels = {
+        9090: SandboxTunnel("b.r5.modal.host", 443, "r5.modal.host", 41002),
+        8000: SandboxTunnel("a.r5.modal.host", 443, "r5.modal.host", 41001),
+        7000: SandboxTunnel("c.r5.modal.host", 443),  # an encrypted port: no raw TCP endpoint
+        6000: SandboxTunnel("", 0, "r5.modal.host", 0),  # incomplete answer
+        0: SandboxTunnel("d.r5.modal.host", 443, "r5.modal.host", 41003),  # no such port
+    }
+    assert reached_at(tunnels, "tcp") == (
+        PortEndpoint(8000, "TCP", "r5.modal.host", 41001),
+        PortEndpoint(9090, "TCP", "r5.modal.host", 41002),
+    )
+    assert [(e.container_port, e.port) for e in reached_at(tunnels, "tls")] == [
+        (7000, 443),
+        (8000, 443),
+        (9090, 443),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("tcp.2", OpenedPorts("tcp", 2)),
+        ("tls.12", OpenedPorts("tls", 12)),
+        (ports_tag("tcp", 3), OpenedPorts("tcp", 3)),
+        (None, None),
+        ("tcp.0", None),
+        ("h2.1", None),
+        ("tcp", None),
+    ],
+)
+def test_the_ports_tag_reads_back_as_written(
+    value: str | None, expected: OpenedPorts | None
+) -> None:
+    assert opened_ports(value) == expected
+
+
 # --- errors ----------------------------------------------------------------------------------
 
 
@@ -599,6 +855,7 @@ def _exception_module() -> types.ModuleType:
         "InternalError": ("Error",),
         "ConnectionError": ("Error",),
         "TimeoutError": ("Error",),
+        "SandboxTimeoutError": ("TimeoutError",),
         "RemoteError": ("Error",),
         "ImageBuildError": ("RemoteError",),
         "ClientClosed": ("Error",),
@@ -682,6 +939,16 @@ class _Lines:
             yield line
 
 
+@dataclasses.dataclass(frozen=True)
+class StubTunnel:
+    """``modal._tunnel.Tunnel``'s fields (SDK 1.6.4)."""
+
+    host: str
+    port: int
+    unencrypted_host: str
+    unencrypted_port: int
+
+
 class StubSandbox:
     def __init__(self, sdk: StubModal, sandbox_id: str, tags: dict[str, str]) -> None:
         self.object_id = sandbox_id
@@ -689,6 +956,8 @@ class StubSandbox:
         self.tags = tags
         self.stdout = _Lines(["out 1\n", "out 2\n"])
         self.stderr = _Lines(["err\n"])
+        # What Sandbox.tunnels() answers; None: Modal has not set them up in time.
+        self.tunnel_answer: dict[int, StubTunnel] | BaseException | None = None
 
         async def get_tags() -> dict[str, str]:
             return dict(self.tags)
@@ -703,7 +972,17 @@ class StubSandbox:
         async def detach() -> None:
             sdk.calls.append(("detach", sandbox_id))
 
+        async def tunnels(timeout: int = 50) -> dict[int, StubTunnel]:
+            sdk.calls.append(("tunnels", (sandbox_id, timeout)))
+            answer = self.tunnel_answer
+            if answer is None:  # sandbox/_common.py tunnels_from_response
+                raise EXC.SandboxTimeoutError()
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+
         self.get_tags = _Aio(get_tags)
+        self.tunnels = _Aio(tunnels)
         self.set_tags = _Aio(set_tags)
         self.terminate = _Aio(terminate)
         self.detach = _Aio(detach)
@@ -823,6 +1102,7 @@ async def test_the_real_client_is_built_lazily_and_calls_the_sdk_as_documented(
     assert options["image"].ref == "vllm/vllm-openai:v0.6"
     assert options["image"].entrypoint_override == []  # command replaces ENTRYPOINT
     assert options["tags"][POD_UID_TAG] == "uid"
+    assert (options["encrypted_ports"], options["unencrypted_ports"]) == ([], [])
     assert ("detach", sandbox_id) in sdk.calls
 
     info = await client.get(sandbox_id)
@@ -850,6 +1130,57 @@ async def test_the_real_client_keeps_the_image_entrypoint_for_args_only(sdk: Stu
     assert argv == ("--port", "8000")
     assert options["image"].entrypoint_override is None
     assert options["secrets"] == [] and options["env"] is None
+
+
+async def test_the_real_client_opens_the_ports_and_reads_the_tunnels_the_sdk_answers(
+    sdk: StubModal,
+) -> None:
+    from vk_provider_adapters.modal.sdk import ModalSandboxClient
+
+    client = ModalSandboxClient(make_config())
+    sandbox_id = await client.create_sandbox(
+        _request(unencrypted_ports=(8000, 9090), encrypted_ports=(8443,))
+    )
+    _, options = next(call[1] for call in sdk.calls if call[0] == "create")
+    assert (options["unencrypted_ports"], options["encrypted_ports"]) == ([8000, 9090], [8443])
+    sandbox = sdk.sandboxes[sandbox_id]
+    assert await client.tunnels(sandbox_id, wait_seconds=2) is None  # not set up in time
+    assert ("tunnels", (sandbox_id, 2)) in sdk.calls
+    sandbox.tunnel_answer = {
+        8000: StubTunnel("w1.r5.modal.host", 443, "r5.modal.host", 41001),
+        8443: StubTunnel("w2.r5.modal.host", 443, "", 0),  # an encrypted port
+    }
+    sdk.calls.clear()
+    assert await client.tunnels(sandbox_id, wait_seconds=2) == {
+        8000: SandboxTunnel("w1.r5.modal.host", 443, "r5.modal.host", 41001),
+        8443: SandboxTunnel("w2.r5.modal.host", 443, "", 0),
+    }
+    assert ("detach", sandbox_id) in sdk.calls
+    sandbox.tunnel_answer = EXC.ServiceError("UNAVAILABLE")
+    with pytest.raises(Transient, match="modal tunnels: UNAVAILABLE"):
+        await client.tunnels(sandbox_id, wait_seconds=2)
+    with pytest.raises(NotFound):
+        await client.tunnels("sb-missing", wait_seconds=2)
+
+
+async def test_endpoints_through_the_real_client_come_from_the_sdks_tunnels(
+    sdk: StubModal,
+) -> None:
+    provider = ModalProvider(make_config(), retry=NO_WAIT)
+    try:
+        offer = next(o for o in await provider.offers() if o.sku == "h100-x1")
+        created = await provider.create(make_spec(ports=(Port(8000),)), offer)
+        _, options = next(call[1] for call in sdk.calls if call[0] == "create")
+        assert options["unencrypted_ports"] == [8000]
+        assert (await provider.get(created.instance_id)).endpoints == ()  # not set up yet
+        sdk.sandboxes[created.instance_id].tunnel_answer = {
+            8000: StubTunnel("w1.r5.modal.host", 443, "r5.modal.host", 41001)
+        }
+        reached = (PortEndpoint(8000, "TCP", "r5.modal.host", 41001),)
+        assert (await provider.get(created.instance_id)).endpoints == reached
+        assert [i.endpoints for i in await provider.list_ours()] == [reached]
+    finally:
+        await provider.close()
 
 
 async def test_the_real_client_translates_a_taken_name(sdk: StubModal) -> None:
@@ -970,3 +1301,21 @@ async def test_no_canary_leaks_from_any_error_path(
         await provider.close()
     values = (canary.KEY, canary.SECRET) if operation.startswith("create") else (canary.KEY,)
     canary.assert_clean(error=error, records=caplog.records, returned=returned, values=values)
+
+
+@pytest.mark.parametrize("kind", list(_canary_errors()))
+async def test_no_canary_leaks_from_a_failed_tunnel_question(
+    kind: str,
+    fake: FakeSandboxClient,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("TEST_MODAL_TOKEN_SECRET", canary.KEY)
+    provider = ModalProvider(make_config(), client=fake, retry=NO_WAIT)
+    created = await provider.create(
+        make_spec(ports=(Port(8000),)), await offer_of(provider, "h100-x1")
+    )
+    fake.fail("tunnels", _canary_errors()[kind], times=100)
+    returned = [await provider.get(created.instance_id), await provider.list_ours()]
+    canary.assert_clean(error=None, records=caplog.records, returned=returned, values=(canary.KEY,))

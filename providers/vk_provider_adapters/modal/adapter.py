@@ -9,8 +9,11 @@ table are in ``vk_provider_adapters.modal.identity``.
 
 The workload: the image by registry reference; ``command`` replaces the image's ENTRYPOINT and
 ``args`` follow it, as in Kubernetes; a container with neither is refused (a sandbox without a
-command does not run the image's default). Ports are not exposed (Modal tunnels are public).
-Logs are stdout and stderr, without timestamps; ``since_seconds`` is not supported.
+command does not run the image's default). Each declared TCP port is opened as a Modal tunnel
+(``expose``: raw TCP by default, or TLS-terminated by Modal; ``vk_provider_adapters.modal.ports``)
+and reported in ``Instance.endpoints`` once ``Sandbox.tunnels()`` has it; UDP and SCTP ports
+cannot be tunnelled (a warning at create, the pod runs without them). Logs are stdout and
+stderr, without timestamps; ``since_seconds`` is not supported.
 
 Invariants:
 - One running sandbox per ``spec.request_id``: the name is derived from the request id and
@@ -31,6 +34,12 @@ Invariants:
   ``Transient`` and short ``RateLimited`` by ``vk_provider_adapters.transport.RetryPolicy``
   (``DEFAULT_RETRY``: exponential backoff with jitter, up to 30 s). Only ``domain.errors``
   leave the adapter, carrying this provider's name.
+- Endpoints come from Modal's own tunnel answer and only while the sandbox runs. A sandbox's
+  tunnels do not change for its life, so once every opened port has one it is kept in memory
+  and never asked for again; until then each status read (``get``, ``list_ours``) asks Modal,
+  concurrently and within ``TUNNEL_LOOKUP_SECONDS`` in all, without retries, and a failed or
+  unfinished question only leaves that sandbox's endpoints for the next read: it never fails
+  the read nor slows it beyond that bound.
 """
 
 from __future__ import annotations
@@ -48,10 +57,12 @@ from vk_provider.sdk import (
     Capabilities,
     ConfigError,
     Instance,
+    InstanceState,
     InvalidSpec,
     LogOptions,
     NotFound,
     Offer,
+    PortEndpoint,
     ProviderError,
     Redactor,
     Transient,
@@ -64,6 +75,7 @@ from vk_provider_adapters.modal.identity import (
     GPUS_TAG,
     MANAGED_BY_TAG,
     POD_UID_TAG,
+    PORTS_TAG,
     PRICE_TAG,
     REGION_TAG,
     SKU_TAG,
@@ -73,6 +85,14 @@ from vk_provider_adapters.modal.identity import (
     sandbox_name,
     sandbox_state,
     tag_value,
+)
+from vk_provider_adapters.modal.ports import (
+    OpenedPorts,
+    opened_ports,
+    ports_tag,
+    reached_at,
+    tcp_ports,
+    unexposable,
 )
 from vk_provider_adapters.modal.sandbox import (
     SCHEDULING_WAIT_SECONDS,
@@ -102,6 +122,17 @@ DEFAULT_RETRY: Final = RetryPolicy(
     max_retry_after_seconds=30.0,
     jitter_seconds=0.5,
 )
+
+# How long Modal is asked to wait for the tunnels of a sandbox that has not published them yet
+# (Modal sets them up within moments of the container's start); a sandbox still scheduling
+# costs a read this long at most, and is asked again at the next one.
+TUNNEL_WAIT_SECONDS: Final = 2
+# All tunnel questions of one status read together, however many sandboxes they are for.
+TUNNEL_LOOKUP_SECONDS: Final = 5.0
+_TUNNEL_CONCURRENCY: Final = 16
+# A sandbox's tunnels exist while it runs, also while its termination is under way (the agent
+# lists a stopping replica as terminating); they are asked for while it is RUNNING only.
+_TUNNELLED: Final = frozenset({InstanceState.RUNNING, InstanceState.TERMINATING})
 
 _IMAGE_FIELD: Final = "spec.containers[0].image"
 _COMMAND_FIELD: Final = "spec.containers[0].command"
@@ -175,6 +206,13 @@ class ModalProvider:
         self._redact = _credentials(config)
         # Sandboxes this process asked to terminate; the tag says so across restarts.
         self._terminating: set[str] = set()
+        # The endpoints of running sandboxes whose every opened port has its tunnel: fixed for
+        # the sandbox's life, so Modal is not asked again (dropped when the sandbox ends).
+        self._reached: dict[str, tuple[PortEndpoint, ...]] = {}
+        self._tunnel_limit = asyncio.Semaphore(_TUNNEL_CONCURRENCY)
+        # Sandboxes whose tunnel question failed and was warned about: once each until it
+        # succeeds, since every status read asks again.
+        self._tunnel_warned: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -199,6 +237,8 @@ class ModalProvider:
                 f"offer {offer.key} is not one of this provider's", provider=self.name
             )
         request = self._request(spec, entry)
+        for port in unexposable(spec):
+            log.warning("pod %s: Modal cannot tunnel port %s; not exposed", spec.pod_uid, port)
         secrets = spec.secret_values
         try:
             sandbox_id = await self._call(
@@ -221,10 +261,8 @@ class ModalProvider:
         )
 
     async def get(self, instance_id: str) -> Instance:
-        info = await self._call("get", lambda: self._client.get(instance_id))
-        if not self._is_ours(info):
-            raise NotFound(f"no sandbox {instance_id} of this provider", provider=self.name)
-        return self._instance(info)
+        (instance,) = await self._instances([await self._ours(instance_id)])
+        return instance
 
     async def delete(self, instance_id: str, *, grace_seconds: float) -> None:
         try:
@@ -254,10 +292,15 @@ class ModalProvider:
         log.info("terminating sandbox %s (Modal has no grace period)", instance_id)
 
     async def list_ours(self) -> list[Instance]:
-        return [self._instance(info) for info in await self._list_infos()]
+        infos = await self._list_infos()
+        running = {info.sandbox_id for info in infos}
+        for gone in self._reached.keys() - running:  # the list holds every running one
+            del self._reached[gone]
+        self._tunnel_warned &= running
+        return await self._instances(infos)
 
     async def logs(self, instance_id: str, options: LogOptions) -> AsyncIterator[bytes]:
-        await self.get(instance_id)  # NotFound for unknown and foreign sandboxes
+        await self._ours(instance_id)  # NotFound for unknown and foreign sandboxes
         lines: AsyncGenerator[bytes, None]
         if options.follow:
             skip = 0
@@ -316,17 +359,22 @@ class ModalProvider:
                 "the pod UID cannot be a Modal tag", provider=self.name, field="metadata.uid"
             )
         offer = entry.offer
+        tags = {
+            MANAGED_BY_TAG: self._managed_by,
+            POD_UID_TAG: spec.pod_uid,
+            ATTEMPT_TAG: str(spec.attempt),
+            SKU_TAG: tag_value(offer.sku),
+            REGION_TAG: tag_value(offer.region),
+            PRICE_TAG: f"{offer.price_per_hour:.4f}",
+            GPUS_TAG: str(offer.gpu_count),
+        }
+        ports = tcp_ports(spec)
+        expose = self._config.expose
+        if ports:
+            tags[PORTS_TAG] = ports_tag(expose, len(ports))
         return SandboxRequest(
             name=sandbox_name(spec.request_id),
-            tags={
-                MANAGED_BY_TAG: self._managed_by,
-                POD_UID_TAG: spec.pod_uid,
-                ATTEMPT_TAG: str(spec.attempt),
-                SKU_TAG: tag_value(offer.sku),
-                REGION_TAG: tag_value(offer.region),
-                PRICE_TAG: f"{offer.price_per_hour:.4f}",
-                GPUS_TAG: str(offer.gpu_count),
-            },
+            tags=tags,
             image=spec.main.image,
             command=spec.main.command,
             args=spec.main.args,
@@ -338,6 +386,8 @@ class ModalProvider:
             regions=entry.regions,
             timeout_seconds=self._config.sandbox_timeout_seconds,
             workdir=spec.main.working_dir,
+            encrypted_ports=ports if expose == "tls" else (),
+            unencrypted_ports=ports if expose == "tcp" else (),
         )
 
     async def _existing(self, spec: WorkloadSpec, name: str, secrets: tuple[str, ...]) -> Instance:
@@ -365,6 +415,13 @@ class ModalProvider:
         )
         return [info for info in infos if self._is_ours(info)]
 
+    async def _ours(self, instance_id: str) -> SandboxInfo:
+        """The sandbox, or ``NotFound`` when there is none or this provider did not make it."""
+        info = await self._call("get", lambda: self._client.get(instance_id))
+        if not self._is_ours(info):
+            raise NotFound(f"no sandbox {instance_id} of this provider", provider=self.name)
+        return info
+
     def _is_ours(self, info: SandboxInfo) -> bool:
         return info.tags.get(MANAGED_BY_TAG) == self._managed_by and POD_UID_TAG in info.tags
 
@@ -387,7 +444,76 @@ class ModalProvider:
             started_at=info.started_at,
             finished_at=info.finished_at,
             price_per_hour=_parse_float(tags.get(PRICE_TAG)),
+            endpoints=self._reached.get(info.sandbox_id, ()) if state in _TUNNELLED else (),
         )
+
+    async def _instances(self, infos: list[SandboxInfo]) -> list[Instance]:
+        """``_instance`` of each, with the endpoints of running sandboxes whose tunnels are not
+        known yet asked for (see the module docstring's invariant)."""
+        instances = [self._instance(info) for info in infos]
+        for instance in instances:
+            if instance.state not in _TUNNELLED:
+                self._reached.pop(instance.instance_id, None)
+        asked = {
+            info.sandbox_id: opened
+            for info, instance in zip(infos, instances, strict=True)
+            if instance.state is InstanceState.RUNNING
+            and info.sandbox_id not in self._reached
+            and (opened := opened_ports(info.tags.get(PORTS_TAG))) is not None
+        }
+        if not asked:
+            return instances
+        tasks = {
+            sandbox_id: asyncio.create_task(self._reached_now(sandbox_id, opened))
+            for sandbox_id, opened in asked.items()
+        }
+        _, unfinished = await asyncio.wait(tasks.values(), timeout=TUNNEL_LOOKUP_SECONDS)
+        for task in unfinished:
+            task.cancel()
+        await asyncio.gather(*unfinished, return_exceptions=True)
+        found = {
+            sandbox_id: task.result()
+            for sandbox_id, task in tasks.items()
+            if task not in unfinished and not task.cancelled()
+        }
+        return [
+            dataclasses.replace(instance, endpoints=found[instance.instance_id])
+            if instance.instance_id in found
+            else instance
+            for instance in instances
+        ]
+
+    async def _reached_now(self, sandbox_id: str, opened: OpenedPorts) -> tuple[PortEndpoint, ...]:
+        """The endpoints Modal's tunnel answer gives now (empty when it has none yet, or the
+        question failed: asked again at the next read); kept once every opened port has one."""
+        try:
+            async with self._tunnel_limit:
+                tunnels = await self._client.tunnels(sandbox_id, wait_seconds=TUNNEL_WAIT_SECONDS)
+        except NotFound:
+            return ()  # ended since it was listed
+        except Exception as exc:  # a status read goes on without this sandbox's endpoints
+            error = (
+                exc
+                if isinstance(exc, ProviderError)
+                else Transient(f"modal tunnels: {type(exc).__name__}: {exc}", provider=self.name)
+            )
+            level = logging.DEBUG if sandbox_id in self._tunnel_warned else logging.WARNING
+            self._tunnel_warned.add(sandbox_id)
+            log.log(
+                level,
+                "%s: cannot read the tunnels of sandbox %s (asked again at every read): %s",
+                self.name,
+                sandbox_id,
+                _scrub(error, self._redact),
+            )
+            return ()
+        self._tunnel_warned.discard(sandbox_id)
+        if tunnels is None:
+            return ()
+        endpoints = reached_at(tunnels, opened.expose)
+        if len(endpoints) >= opened.count:
+            self._reached[sandbox_id] = endpoints
+        return endpoints
 
     async def _lines(self, instance_id: str, *, follow: bool) -> AsyncGenerator[bytes, None]:
         """The client's log lines, each ending with a newline; the client stream is closed

@@ -29,3 +29,12 @@ class ModalProviderConfig(CloudProviderSettings):
         86400, ge=60, le=7 * 86400, description="Sandbox lifetime limit (Modal's default is 300)."
     )
     offers: list[ModalGpuOffer] = Field(description="What to offer and at which price.")
+    expose: Literal["tcp", "tls"] = Field(
+        "tcp",
+        description="How declared TCP ports are exposed, through Modal's public tunnels: tcp, "
+        "as unencrypted_ports, a raw TCP tunnel (Modal's host and a port it assigns) that "
+        "carries the container's own protocol unchanged, like a pod port; tls, as "
+        "encrypted_ports, where Modal terminates TLS on <host>:443 and the client must speak "
+        "TLS with that host name (for ingress controllers and gateways). Either way the "
+        "endpoint is a hostname (an FQDN EndpointSlice) and open to the internet.",
+    )

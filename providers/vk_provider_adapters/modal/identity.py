@@ -10,6 +10,8 @@ Names and tags of a sandbox::
           vk-provider.sku / .region / .price / .gpus    the offer it was launched on
           vk-provider.terminate             "requested", written by ``delete`` before it
                                             terminates the sandbox
+          vk-provider.ports                 "<tcp|tls>.<count>" when it opened ports
+                                            (``ports.ports_tag``)
 
 States (``sandbox_state``), from ``poll()`` (Modal reports 124 for a sandbox that hit its
 timeout and 137 for one that was terminated) and whether we asked for termination:
@@ -46,6 +48,7 @@ PRICE_TAG: Final = TAG_PREFIX + "price"
 GPUS_TAG: Final = TAG_PREFIX + "gpus"
 TERMINATE_TAG: Final = TAG_PREFIX + "terminate"
 TERMINATE_REQUESTED: Final = "requested"
+PORTS_TAG: Final = TAG_PREFIX + "ports"
 
 EXIT_TIMED_OUT: Final = 124  # Modal's return code for a sandbox that reached its timeout
 EXIT_TERMINATED: Final = 137  # ... and for one that was terminated

@@ -44,6 +44,22 @@ class SandboxRequest:
     regions: tuple[str, ...]  # empty: anywhere
     timeout_seconds: int
     workdir: str | None = None
+    # Container ports Modal tunnels to the internet: TLS-terminated by Modal (the client speaks
+    # TLS to the tunnel's host), or raw TCP (to its unencrypted host and port).
+    encrypted_ports: tuple[int, ...] = ()
+    unencrypted_ports: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxTunnel:
+    """One container port's tunnel, as the SDK's ``modal._tunnel.Tunnel`` has it: the TLS
+    endpoint ``host``:``port`` (443) and, for an unencrypted port only, the raw TCP endpoint
+    ``unencrypted_host``:``unencrypted_port`` (empty and 0 otherwise)."""
+
+    host: str
+    port: int
+    unencrypted_host: str = ""
+    unencrypted_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +108,14 @@ class SandboxClient(Protocol):
 
     async def terminate(self, sandbox_id: str) -> None:
         """Terminate the sandbox; a no-op when it has finished."""
+        ...
+
+    async def tunnels(
+        self, sandbox_id: str, *, wait_seconds: int
+    ) -> Mapping[int, SandboxTunnel] | None:
+        """The sandbox's tunnels by container port, once Modal has set them up after the start;
+        None when they are not there within ``wait_seconds`` (the sandbox is not running yet).
+        ``NotFound`` if there is no such sandbox."""
         ...
 
     def logs(self, sandbox_id: str, *, follow: bool) -> AsyncIterator[bytes]:

@@ -23,6 +23,12 @@ SDK facts relied upon (modal-labs/modal-client, ``py/modal/sandbox.py``):
   and raises ``ResourceExhaustedError("Insufficient capacity to create sandbox.")``, which
   ``translate_error`` makes ``CapacityUnavailable``.
 - Since 1.3 every gRPC failure is raised as a ``modal.exception`` class.
+- ``Sandbox.create(encrypted_ports=, unencrypted_ports=)`` opens tunnels (1.6:
+  ``sandbox/_common.py`` ``open_port_specs``); ``sb.tunnels(timeout=)`` (default 50 s) answers
+  ``{container_port: Tunnel(host, port, unencrypted_host, unencrypted_port)}``
+  (``modal/_tunnel.py``; ``unencrypted_host`` is empty for an encrypted port) once Modal has
+  them, or raises ``SandboxTimeoutError`` when they are not there within ``timeout``
+  (``tunnels_from_response``), which ``tunnels`` answers as None.
 
 Invariants: every SDK failure leaves as ``domain.errors`` (or ``SandboxNameTaken``) through
 ``translate_error``, the one mapping table; credentials are resolved only when connecting and
@@ -49,7 +55,12 @@ from vk_provider.sdk import (
     Transient,
 )
 from vk_provider_adapters.modal.config import ModalProviderConfig
-from vk_provider_adapters.modal.sandbox import SandboxInfo, SandboxNameTaken, SandboxRequest
+from vk_provider_adapters.modal.sandbox import (
+    SandboxInfo,
+    SandboxNameTaken,
+    SandboxRequest,
+    SandboxTunnel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +224,8 @@ class ModalSandboxClient:
                 memory=request.memory_mib,
                 region=list(request.regions) or None,
                 workdir=request.workdir,
+                encrypted_ports=list(request.encrypted_ports),
+                unencrypted_ports=list(request.unencrypted_ports),
                 client=client,
             )
             sandbox_id = str(sandbox.object_id)
@@ -279,6 +292,30 @@ class ModalSandboxClient:
         try:
             with _translated("terminate"):
                 await sandbox.terminate.aio()
+        finally:
+            await _detach(sandbox)
+
+    async def tunnels(
+        self, sandbox_id: str, *, wait_seconds: int
+    ) -> dict[int, SandboxTunnel] | None:
+        sandbox = await self._from_id(sandbox_id)
+        try:
+            with _translated("tunnels"):
+                try:
+                    found = await sandbox.tunnels.aio(timeout=wait_seconds)
+                except Exception as exc:
+                    if _modal_class_name(exc) == "SandboxTimeoutError":
+                        return None  # not set up yet: the sandbox has not started
+                    raise
+                return {
+                    int(port): SandboxTunnel(
+                        host=str(tunnel.host or ""),
+                        port=int(tunnel.port or 0),
+                        unencrypted_host=str(tunnel.unencrypted_host or ""),
+                        unencrypted_port=int(tunnel.unencrypted_port or 0),
+                    )
+                    for port, tunnel in found.items()
+                }
         finally:
             await _detach(sandbox)
 
