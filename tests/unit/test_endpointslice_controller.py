@@ -88,3 +88,72 @@ async def test_an_ended_pod_serves_nothing_and_is_forgotten() -> None:
     assert controller.pods() == []
     tracker.forget("p", "i1")
     assert controller.pods() == []
+
+
+class Api:
+    """The writes the controller makes (``request``), each answered as the API server would
+    (a resourceVersion of its own); reads are the reflectors', filled by the test."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self._version = 100
+
+    async def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> Any:
+        self.calls.append((method, path))
+        self._version += 1
+        if body is None:
+            return {}
+        return {**body, "metadata": {**body["metadata"], "resourceVersion": str(self._version)}}
+
+
+SERVICE = {
+    "metadata": {"namespace": "ml", "name": "infer", "uid": "s1", "resourceVersion": "5"},
+    "spec": {"selector": {"app": "infer"}, "ports": [{"port": 80, "targetPort": 8000}]},
+}
+
+
+def _listed(controller: EndpointSliceController, *services: dict[str, Any]) -> None:
+    """Both watches have listed: these Services, none of our slices yet."""
+    for service in services:
+        controller.services.written(service)
+    for reflector in (controller.services, controller.slices):
+        reflector.live.set()
+
+
+async def test_the_slices_are_written_once_and_an_idle_node_costs_no_request() -> None:
+    """A change is written once (the answer held, so the next look writes nothing again);
+    while nothing changes — no Service, slice, pod or endpoint — a look makes no request."""
+    api = Api()
+    store, listing = PodStore(), Listing()
+    tracker = InstanceTracker({"p": listing}, on_change=lambda _uid: None)  # type: ignore[dict-item]
+    controller = EndpointSliceController(
+        api,  # type: ignore[arg-type]
+        store,
+        tracker,
+        node="vk",
+        resync_seconds=1,
+    )
+    await controller.tick()
+    assert api.calls == []  # the watches have not listed yet: nothing is known
+    _listed(controller, SERVICE)
+    store.update(_pod())
+    tracker.remember(Instance("p", "i1", "u1", 0, InstanceState.RUNNING, endpoints=(UP,)))
+    await controller.tick()
+    assert [method for method, _ in api.calls] == ["POST"]
+    (held,) = controller.slices.objects.values()
+    assert held["endpoints"][0]["addresses"] == ["10.9.0.1"]
+    for _ in range(3):
+        await controller.tick()
+    assert len(api.calls) == 1
+
+    moved = PortEndpoint(8000, "TCP", "10.9.0.2", 8000)  # the provider reports another address
+    tracker.remember(Instance("p", "i1", "u1", 0, InstanceState.RUNNING, endpoints=(moved,)))
+    await controller.tick()
+    assert [method for method, _ in api.calls] == ["POST", "PUT"]
+    await controller.tick()
+    assert len(api.calls) == 2
+
+    controller.services.removed(("ml", "infer"))  # the Service is deleted
+    await controller.tick()
+    assert [method for method, _ in api.calls] == ["POST", "PUT", "DELETE"]
+    assert controller.slices.objects == {}

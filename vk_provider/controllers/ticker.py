@@ -13,6 +13,16 @@ from collections.abc import Awaitable, Callable
 from vk_provider.kube.client import ApiError
 
 
+async def once(tick: Callable[[], Awaitable[None]], *, log: logging.Logger, what: str) -> None:
+    """One tick; a failure is logged (an API error as a warning), never raised."""
+    try:
+        await tick()
+    except ApiError as exc:
+        log.warning("%s: %s; retrying next tick", what, exc)
+    except Exception:
+        log.exception("%s: evaluation failed; retrying next tick", what)
+
+
 async def every(
     interval: Callable[[], float],
     tick: Callable[[], Awaitable[None]],
@@ -21,10 +31,5 @@ async def every(
     what: str,
 ) -> None:
     while True:
-        try:
-            await tick()
-        except ApiError as exc:
-            log.warning("%s: %s; retrying next tick", what, exc)
-        except Exception:
-            log.exception("%s: evaluation failed; retrying next tick", what)
+        await once(tick, log=log, what=what)
         await asyncio.sleep(interval())

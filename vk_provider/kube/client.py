@@ -103,6 +103,37 @@ async def _json(call: Awaitable[Any]) -> JSON:
     return body
 
 
+async def _watch_events(call: Awaitable[Any]) -> AsyncIterator[tuple[str, JSON]]:
+    """The (type, object) events of a watch request made with ``_preload_content=False``,
+    until the server ends it; an ``ERROR`` event raises (``GoneError`` for 410)."""
+    try:
+        response = await call
+    except ApiException as exc:
+        raise _translate(exc) from exc
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ApiError(0, f"{type(exc).__name__}: {exc}") from exc
+    if response.status >= 400:
+        body = await response.read()
+        response.release()
+        raise _error(response.status, str(response.reason or ""), body)
+    try:
+        async for line in response.content:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            kind = str(event.get("type", ""))
+            obj = event.get("object") or {}
+            if kind == "ERROR":
+                raise ApiError(int(obj.get("code", 0)), str(obj.get("message", "")))
+            yield kind, obj
+    except ApiError as exc:
+        raise (GoneError(exc.status, str(exc)) if exc.status == 410 else exc) from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise ApiError(0, f"watch broken: {type(exc).__name__}: {exc}") from exc
+    finally:
+        response.release()
+
+
 def _resolve_environment_once(api: ApiClient) -> None:
     """Use the proxy the environment names for the API server (if any) for every request,
     and stop aiohttp from looking the environment and ``~/.netrc`` up again per request."""
@@ -224,41 +255,57 @@ class KubeClient:
 
         Raises ``GoneError`` when the version is too old; the caller re-lists.
         """
-        try:
-            response = await self.core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node_name}",
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                watch=True,
-                timeout_seconds=timeout_seconds,
-                _preload_content=False,
-                # Client-side bound a little above the server's, so a dead connection ends too.
-                _request_timeout=timeout_seconds + 15,
-            )
-        except ApiException as exc:
-            raise _translate(exc) from exc
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ApiError(0, f"{type(exc).__name__}: {exc}") from exc
-        if response.status >= 400:
-            body = await response.read()
-            response.release()
-            raise _error(response.status, str(response.reason or ""), body)
-        try:
-            async for line in response.content:
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind = str(event.get("type", ""))
-                obj = event.get("object") or {}
-                if kind == "ERROR":
-                    raise ApiError(int(obj.get("code", 0)), str(obj.get("message", "")))
-                yield kind, obj
-        except ApiError as exc:
-            raise (GoneError(exc.status, str(exc)) if exc.status == 410 else exc) from None
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise ApiError(0, f"watch broken: {type(exc).__name__}: {exc}") from exc
-        finally:
-            response.release()
+        call = self.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node_name}",
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            watch=True,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+            # Client-side bound a little above the server's, so a dead connection ends too.
+            _request_timeout=timeout_seconds + 15,
+        )
+        async for event in _watch_events(call):
+            yield event
+
+    async def list_objects(
+        self, path: str, *, query: Mapping[str, str] | None = None
+    ) -> tuple[list[JSON], str]:
+        """The items of the collection at ``path`` and the list's resourceVersion (for the
+        objects no typed call covers: Services, EndpointSlices)."""
+        body = await self.request("GET", path, query=query)
+        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return list(body.get("items") or []), version
+
+    async def watch_objects(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        timeout_seconds: int = 60,
+    ) -> AsyncIterator[tuple[str, JSON]]:
+        """Watch events (type, object) of the collection at ``path`` from
+        ``resource_version``, as ``watch_node_pods``; ``GoneError`` when it is too old."""
+        params = [
+            *(query or {}).items(),
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        call = self._api.call_api(
+            path,
+            "GET",
+            query_params=params,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+            _request_timeout=timeout_seconds + 15,
+        )
+        async for event in _watch_events(call):
+            yield event
 
     async def patch_pod_status(
         self,

@@ -317,7 +317,11 @@ class EndpointSlicesConfig(Strict):
         "(deploy/rbac-traffic.yaml).",
     )
     resync_seconds: float = Field(
-        2, ge=0.1, le=300, description="How often the slices are compared and corrected."
+        2,
+        ge=0.1,
+        le=300,
+        description="How often the pods' reported endpoints are looked at; a change of a "
+        "Service or a slice (watched) is acted on at once.",
     )
 
 
