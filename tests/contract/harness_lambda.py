@@ -1,10 +1,10 @@
 """Contract harness for Lambda Cloud: the adapter against a stateful respx fake of the API.
 
-``FakeLambda`` keeps instances and SSH keys in dicts and answers the endpoints the adapter
-uses (instance types, launch, list, get, terminate, list and add SSH keys) with payloads shaped
-by the published document (``lambda-cloud-openapi-1.8.3.json``). Every request the adapter
-sends, and every documented response the fake gives, is validated against that document with
-openapi-core:
+``FakeLambda`` keeps instances, SSH keys and firewall rulesets in dicts and answers the
+endpoints the adapter uses (instance types, launch, list, get, terminate, list and add SSH
+keys, list, create and update firewall rulesets) with payloads shaped by the published
+document (``lambda-cloud-openapi-1.8.3.json``). Every request the adapter sends, and every
+documented response the fake gives, is validated against that document with openapi-core:
 a request the real API would refuse fails the test where it is sent. ``fail`` injects the
 API's real error shapes (and malformed bodies) for the next calls of one endpoint.
 
@@ -57,7 +57,16 @@ SSH_KEY = "vk-test-key"
 SPEC_NAME = "lambda-cloud-openapi-1.8.3.json"
 
 Endpoint = Literal[
-    "instance-types", "launch", "list", "get", "terminate", "ssh-keys", "add-ssh-key"
+    "instance-types",
+    "launch",
+    "list",
+    "get",
+    "terminate",
+    "ssh-keys",
+    "add-ssh-key",
+    "firewall-rulesets",
+    "add-firewall-ruleset",
+    "update-firewall-ruleset",
 ]
 
 
@@ -316,6 +325,8 @@ class FakeLambda:
         self.instances: dict[str, dict[str, Any]] = {}
         # By name; the agent's key is added by the adapter itself (POST /ssh-keys).
         self.ssh_keys: dict[str, dict[str, str]] = {}
+        # By id: FirewallRuleset without instance_ids (computed from the instances).
+        self.rulesets: dict[str, dict[str, Any]] = {}
         self.vms = FakeVms()
         self.requests: list[httpx.Request] = []
         # (endpoint, time on ``clock``) of every request, to check the adapter's spacing.
@@ -334,6 +345,14 @@ class FakeLambda:
             ("GET", "/instances/(?P<instance_id>[^/]+)", "get", self._get),
             ("GET", "/ssh-keys", "ssh-keys", self._list_keys),
             ("POST", "/ssh-keys", "add-ssh-key", self._add_key),
+            ("GET", "/firewall-rulesets", "firewall-rulesets", self._list_rulesets),
+            ("POST", "/firewall-rulesets", "add-firewall-ruleset", self._add_ruleset),
+            (
+                "PATCH",
+                "/firewall-rulesets/(?P<ruleset_id>[^/]+)",
+                "update-firewall-ruleset",
+                self._update_ruleset,
+            ),
         ]
         for method, path, endpoint, handler in routes:
             pattern = "^" + BASE_URL.replace(".", r"\.") + path + "$"
@@ -389,6 +408,28 @@ class FakeLambda:
 
     def add_ssh_key(self, name: str, public_key: str) -> None:
         self.ssh_keys[name] = {"id": uuid.uuid4().hex, "name": name, "public_key": public_key}
+
+    def add_ruleset(self, name: str, region: str, rules: Sequence[Mapping[str, Any]] = ()) -> str:
+        """Put a firewall ruleset in the account directly (not through the adapter)."""
+        ruleset_id = uuid.uuid4().hex
+        self.rulesets[ruleset_id] = {
+            "id": ruleset_id,
+            "name": name,
+            "region": {"name": region, "description": REGIONS[region]},
+            "rules": [dict(rule) for rule in rules],
+            # Made one minute after the other, in order (FirewallRuleset.created: date-time).
+            "created": f"2026-12-01T10:{len(self.rulesets):02d}:00Z",
+        }
+        return ruleset_id
+
+    def ruleset(self, ruleset_id: str) -> dict[str, Any]:
+        """A ruleset as the API answers it (``FirewallRuleset``, its instances included)."""
+        instance_ids = [
+            instance_id
+            for instance_id, instance in self.instances.items()
+            if {"id": ruleset_id} in instance["firewall_rulesets"]
+        ]
+        return {**self.rulesets[ruleset_id], "instance_ids": instance_ids}
 
     # --- handlers -------------------------------------------------------------------------
 
@@ -449,6 +490,17 @@ class FakeLambda:
                     "Check the name of the SSH key.",
                 ),
             )
+        for entry in body.get("firewall_rulesets", []):
+            ruleset = self.rulesets.get(entry["id"])
+            if ruleset is None or ruleset["region"]["name"] != body["region_name"]:
+                return httpx.Response(
+                    404,
+                    json=error_body(
+                        "global/object-does-not-exist",
+                        f"Firewall ruleset {entry['id']!r} does not exist in this region.",
+                        "Check the firewall ruleset ID and its region.",
+                    ),
+                )
         known = self.types.get(body["instance_type_name"])
         if known is None or body["region_name"] not in known[1]:
             return httpx.Response(400, json=FAILURES["capacity"][1])
@@ -502,6 +554,31 @@ class FakeLambda:
             raise AssertionError("the adapter asked Lambda to generate its private key")
         self.add_ssh_key(body["name"], body["public_key"])
         return httpx.Response(200, json={"data": self.ssh_keys[body["name"]]})
+
+    def _list_rulesets(self, request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"data": [self.ruleset(i) for i in self.rulesets]})
+
+    def _add_ruleset(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        ruleset_id = self.add_ruleset(body["name"], body["region"], body["rules"])
+        return httpx.Response(200, json={"data": self.ruleset(ruleset_id)})
+
+    def _update_ruleset(self, request: httpx.Request, ruleset_id: str) -> httpx.Response:
+        ruleset = self.rulesets.get(urllib.parse.unquote(ruleset_id))
+        if ruleset is None:
+            return httpx.Response(
+                404,
+                json=error_body(
+                    "global/object-does-not-exist",
+                    "Firewall ruleset does not exist or you do not have permission to access it.",
+                    "Check your firewall ruleset ID and try again.",
+                ),
+            )
+        body = json.loads(request.content)
+        for key in ("name", "rules"):
+            if key in body:
+                ruleset[key] = body[key]
+        return httpx.Response(200, json={"data": self.ruleset(ruleset["id"])})
 
     def _get(self, request: httpx.Request, instance_id: str) -> httpx.Response:
         instance = self.instances.get(urllib.parse.unquote(instance_id))
@@ -564,6 +641,10 @@ def _endpoint(request: httpx.Request) -> Endpoint | None:
         return "get"
     if path == "/ssh-keys":
         return "ssh-keys" if request.method == "GET" else "add-ssh-key"
+    if path == "/firewall-rulesets":
+        return "firewall-rulesets" if request.method == "GET" else "add-firewall-ruleset"
+    if path.startswith("/firewall-rulesets/") and request.method == "PATCH":
+        return "update-firewall-ruleset"
     return None
 
 

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ import httpx
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from tests.contract.harness_lambda import (
     API_KEY,
@@ -39,6 +41,7 @@ from tests.unit import canary
 from tests.workloads import workload
 from vk_provider.domain.containers import ContainerSpec
 from vk_provider.domain.contract import Provider
+from vk_provider.domain.envvar import Port
 from vk_provider.domain.errors import (
     AuthFailed,
     CapacityUnavailable,
@@ -257,7 +260,8 @@ async def test_offers_malformed_throughout_are_transient(
 async def test_launch_request_matches_the_spec_and_carries_our_tags(
     fake: FakeLambda, clock: FakeClock, key_file: Path
 ) -> None:
-    adapter = make_provider(fake, clock, key_file, firewall_ruleset_ids=["fw1", "fw2"])
+    fw1, fw2 = (fake.add_ruleset(name, "us-west-1") for name in ("web", "office"))
+    adapter = make_provider(fake, clock, key_file, firewall_ruleset_ids=[fw1, fw2])
     try:
         offer = await a10(adapter)
         instance = await adapter.create(make_spec(attempt=3), offer)
@@ -269,7 +273,7 @@ async def test_launch_request_matches_the_spec_and_carries_our_tags(
     assert body["ssh_key_names"] == ["vk-test-key"]
     assert body["name"] == f"vk-{UID}.3"
     assert body["tags"] == ours(attempt=3)
-    assert body["firewall_rulesets"] == [{"id": "fw1"}, {"id": "fw2"}]
+    assert body["firewall_rulesets"] == [{"id": fw1}, {"id": fw2}]
     assert body["user_data"].startswith("#cloud-config\n")
     assert "--gpus all" in body["user_data"]
     assert "hunter2" not in body["user_data"]  # sealed, see test_no_secret_in_any_form...
@@ -420,6 +424,355 @@ async def test_an_empty_launch_response_is_transient(
     fake.fail("launch", 200, {"data": {"instance_ids": []}})
     with pytest.raises(Transient, match="no instance id"):
         await provider.create(make_spec(), offer)
+
+
+# --- the firewall ---------------------------------------------------------------------------
+
+CLUSTER = ["203.0.113.0/24", "198.51.100.7/32"]  # the cluster's egress (TEST-NET ranges)
+OURS = "vk-provider-lambda-test"  # the ruleset's name: vk-provider-<provider name>
+
+
+def serving(pod_uid: str = UID, attempt: int = 0) -> WorkloadSpec:
+    """A pod declaring TCP 8080 twice (two containers), UDP 5353 and SCTP 9999."""
+    return make_spec(
+        pod_uid,
+        attempt,
+        containers=(
+            ContainerSpec("web", "img:1", ports=(Port(8080), Port(5353, "UDP"))),
+            ContainerSpec("metrics", "img:1", ports=(Port(8080), Port(9999, "SCTP"))),
+        ),
+    )
+
+
+def rule(protocol: str, port: int, source: str, what: str) -> dict[str, Any]:
+    return {
+        "protocol": protocol,
+        "port_range": [port, port],
+        "source_network": source,
+        "description": f"lambda-test: {what}",
+    }
+
+
+def ssh_rules(sources: list[str] = CLUSTER, port: int = 22) -> list[dict[str, Any]]:
+    return [rule("tcp", port, source, "SSH of the vk-provider agent") for source in sources]
+
+
+def port_rules(protocol: str, port: int, sources: list[str] = CLUSTER) -> list[dict[str, Any]]:
+    return [rule(protocol, port, s, f"pods' port {port}/{protocol}") for s in sources]
+
+
+def firewalled(
+    fake: FakeLambda, clock: FakeClock, key_file: Path, **firewall: Any
+) -> LambdaCloudProvider:
+    return make_provider(fake, clock, key_file, firewall={"source_cidrs": CLUSTER, **firewall})
+
+
+def firewall_calls(fake: FakeLambda) -> list[httpx.Request]:
+    endpoints = ("firewall-rulesets", "add-firewall-ruleset", "update-firewall-ruleset")
+    return [r for e in endpoints for r in fake.calls(e)]  # type: ignore[arg-type]
+
+
+async def test_without_firewall_no_firewall_is_read_or_written(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    await provider.create(serving(), await a10(provider))
+    assert firewall_calls(fake) == []
+    assert not any("/firewall-rules" in str(r.url) for r in fake.requests)
+    (body,) = fake.launch_bodies
+    assert "firewall_rulesets" not in body
+
+
+async def test_the_first_launch_in_a_region_makes_our_ruleset_and_names_it_first(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    theirs = fake.add_ruleset("office", "us-west-1")
+    adapter = make_provider(
+        fake,
+        clock,
+        key_file,
+        firewall={"source_cidrs": CLUSTER},
+        firewall_ruleset_ids=[theirs],
+    )
+    try:
+        await adapter.create(serving(), await a10(adapter))
+    finally:
+        await adapter.close()
+    (made,) = fake.calls("add-firewall-ruleset")
+    # SSH for the agent first, then each declared TCP and UDP port once; SCTP has no rule.
+    assert json.loads(made.content) == {
+        "name": OURS,
+        "region": "us-west-1",
+        "rules": [*ssh_rules(), *port_rules("tcp", 8080), *port_rules("udp", 5353)],
+    }
+    ours_id = next(i for i, r in fake.rulesets.items() if r["name"] == OURS)
+    (body,) = fake.launch_bodies
+    assert body["firewall_rulesets"] == [{"id": ours_id}, {"id": theirs}]
+    # In that order: the ruleset exists before the VM that names it.
+    order = [e for e, _ in fake.times if e in ("add-firewall-ruleset", "launch")]
+    assert order == ["add-firewall-ruleset", "launch"]
+    assert fake.ruleset(ours_id)["instance_ids"] == list(fake.instances)
+
+
+async def test_a_ruleset_that_lets_the_ports_in_already_is_not_written(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    adapter = firewalled(fake, clock, key_file)
+    try:
+        offer = await a10(adapter)
+        await adapter.create(serving(attempt=0), offer)
+        await adapter.create(serving(attempt=1), offer)  # the same ports: nothing to add
+    finally:
+        await adapter.close()
+    assert len(fake.calls("firewall-rulesets")) == 2  # read on every create, written once
+    assert len(fake.calls("add-firewall-ruleset")) == 1
+    assert fake.calls("update-firewall-ruleset") == []
+    assert len(fake.launch_bodies) == 2
+    assert fake.launch_bodies[0]["firewall_rulesets"] == fake.launch_bodies[1]["firewall_rulesets"]
+
+
+@pytest.mark.parametrize(
+    "wide",
+    [
+        {"protocol": "all", "port_range": [1, 65535], "source_network": "0.0.0.0/0"},
+        {"protocol": "tcp", "port_range": [1, 65535], "source_network": "198.51.0.0/16"},
+    ],
+)
+async def test_wider_rules_of_people_cover_what_a_pod_needs(
+    fake: FakeLambda, clock: FakeClock, key_file: Path, wide: dict[str, Any]
+) -> None:
+    # People's rules in our ruleset: what they let in needs no rule of ours.
+    rules = [
+        *ssh_rules(),
+        {**wide, "description": "people's"},
+        *port_rules("tcp", 8080, ["203.0.113.0/24"]),
+        {"protocol": "udp", "port_range": [5000, 6000], "source_network": "0.0.0.0/0",
+         "description": "people's"},
+    ]  # fmt: skip
+    fake.add_ruleset(OURS, "us-west-1", rules)
+    adapter = firewalled(fake, clock, key_file, source_cidrs=["198.51.100.7"])
+    try:
+        await adapter.create(serving(), await a10(adapter))
+    finally:
+        await adapter.close()
+    assert fake.calls("add-firewall-ruleset") == []
+    assert fake.calls("update-firewall-ruleset") == []
+
+
+async def test_a_new_port_widens_our_ruleset_keeping_every_rule_it_had(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    peoples = {"protocol": "icmp", "source_network": "0.0.0.0/0", "description": "ping"}
+    office = {"protocol": "tcp", "port_range": [22, 22], "source_network": "192.0.2.10",
+              "description": "office SSH"}  # fmt: skip
+    had = [peoples, office, *ssh_rules(), *port_rules("tcp", 8080)]
+    ruleset_id = fake.add_ruleset(OURS, "us-west-1", had)
+    adapter = firewalled(fake, clock, key_file)
+    try:
+        await adapter.create(serving(), await a10(adapter))
+    finally:
+        await adapter.close()
+    (update,) = fake.calls("update-firewall-ruleset")
+    assert update.url.path.endswith(f"/firewall-rulesets/{ruleset_id}")
+    # Every rule it had, as it had it, then only what was missing: UDP 5353.
+    assert json.loads(update.content) == {"rules": [*had, *port_rules("udp", 5353)]}
+    assert fake.calls("add-firewall-ruleset") == []
+    (body,) = fake.launch_bodies
+    assert body["firewall_rulesets"] == [{"id": ruleset_id}]
+
+
+async def test_rulesets_of_other_names_or_regions_are_not_ours_and_the_oldest_of_ours_is_used(
+    fake: FakeLambda, clock: FakeClock, key_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.add_ruleset(OURS, "us-east-1")  # ours, another region
+    fake.add_ruleset("vk-provider-another-agent", "us-west-1")
+    adapter = firewalled(fake, clock, key_file)
+    try:
+        offer = await a10(adapter)
+        await adapter.create(serving(attempt=0), offer)
+        assert len(fake.calls("add-firewall-ruleset")) == 1  # none of ours in us-west-1
+        first = fake.launch_bodies[0]["firewall_rulesets"][0]["id"]
+        assert fake.rulesets[first]["region"]["name"] == "us-west-1"
+        fake.add_ruleset(OURS, "us-west-1")  # a second of our name, younger
+        await adapter.create(serving(attempt=1), offer)
+    finally:
+        await adapter.close()
+    assert fake.launch_bodies[1]["firewall_rulesets"] == [{"id": first}]
+    assert f"2 firewall rulesets are named {OURS!r} in us-west-1" in caplog.text
+
+
+async def test_ssh_is_let_in_from_its_own_sources_on_the_configured_port(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    adapter = make_provider(
+        fake,
+        clock,
+        key_file,
+        ssh_port=2222,
+        firewall={
+            "source_cidrs": ["203.0.113.0/24"],
+            "ssh_source_cidrs": ["192.0.2.0/28"],
+            "ruleset_name": "gpu-pods",
+        },
+    )
+    try:
+        await adapter.create(make_spec(), await a10(adapter))  # no ports declared
+    finally:
+        await adapter.close()
+    (made,) = fake.calls("add-firewall-ruleset")
+    body = json.loads(made.content)
+    assert body["name"] == "gpu-pods"
+    assert body["rules"] == ssh_rules(["192.0.2.0/28"], port=2222)
+
+
+async def test_us_south_1_has_no_firewall_so_launches_name_no_ruleset_and_warn_once(
+    fake: FakeLambda, clock: FakeClock, key_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    adapter = firewalled(fake, clock, key_file)
+    try:
+        offer = await a10(adapter)
+        south = next(o for o in await adapter.offers() if o.region == "us-south-1")
+        await adapter.create(serving(attempt=0), south)
+        await adapter.create(serving(attempt=1), south)
+        await adapter.create(serving(attempt=2), offer)  # elsewhere it is managed
+    finally:
+        await adapter.close()
+    assert [len(b.get("firewall_rulesets", [])) for b in fake.launch_bodies] == [0, 0, 1]
+    assert len(fake.calls("firewall-rulesets")) == 1
+    warned = [r for r in caplog.records if "applies no firewall rules in us-south-1" in r.message]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "status", "body", "expected"),
+    [
+        ("firewall-rulesets", 401, FAILURES["auth"][1], AuthFailed),
+        ("firewall-rulesets", 403,
+         error_body("global/account-inactive", "Your account is inactive.", "Verify."),
+         AuthFailed),
+        ("add-firewall-ruleset", 400,
+         error_body("global/quota-exceeded", "Quota exceeded.", "Contact Support."),
+         CapacityUnavailable),
+        ("add-firewall-ruleset", 400, FAILURES["invalid"][1], InvalidSpec),
+        ("add-firewall-ruleset", 409,
+         error_body("global/internal-error", "An internal server error occurred.", "Later."),
+         Transient),
+        ("add-firewall-ruleset", 503, FAILURES["transient"][1], Transient),
+        ("update-firewall-ruleset", 404,
+         error_body("global/object-does-not-exist",
+                    "Firewall ruleset does not exist or you do not have permission to access it.",
+                    "Check your firewall ruleset ID and try again."),
+         Transient),
+        ("update-firewall-ruleset", 400, FAILURES["invalid"][1], InvalidSpec),
+        ("firewall-rulesets", 200, {"data": [{"name": OURS, "region": {"name": "us-west-1"}}]},
+         Transient),
+    ],
+)  # fmt: skip
+async def test_a_firewall_failure_fails_the_create_before_any_vm_exists(
+    fake: FakeLambda,
+    clock: FakeClock,
+    key_file: Path,
+    endpoint: Any,
+    status: int,
+    body: dict[str, Any],
+    expected: type[ProviderError],
+) -> None:
+    if endpoint == "update-firewall-ruleset":
+        fake.add_ruleset(OURS, "us-west-1", ssh_rules())  # so the pod's ports need an update
+    adapter = firewalled(fake, clock, key_file)
+    try:
+        offer = await a10(adapter)
+        fake.fail(endpoint, status, body, times=None)
+        with pytest.raises(ProviderError) as raised:
+            await adapter.create(serving(), offer)
+        assert type(raised.value) is expected, repr(raised.value)
+        assert raised.value.provider == "lambda-test"
+        assert fake.calls("launch") == [] and fake.instances == {}  # nothing leaked
+        # A ruleset made, maybe, by a request that reached Lambda is never sent again.
+        assert len(fake.calls("add-firewall-ruleset")) <= 1
+        fake.clear_failures()
+        await adapter.create(serving(), offer)  # the agent's next try
+    finally:
+        await adapter.close()
+    assert len(fake.instances) == 1
+
+
+async def test_a_ruleset_deleted_by_someone_is_made_again_by_the_next_create(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    adapter = firewalled(fake, clock, key_file)
+    try:
+        offer = await a10(adapter)
+        await adapter.create(serving(attempt=0), offer)
+        fake.rulesets.clear()
+        await adapter.create(serving(attempt=1), offer)
+    finally:
+        await adapter.close()
+    assert len(fake.calls("add-firewall-ruleset")) == 2
+    (again,) = fake.rulesets
+    assert fake.launch_bodies[1]["firewall_rulesets"] == [{"id": again}]
+
+
+async def test_firewall_bodies_validate_against_the_openapi_document(
+    fake: FakeLambda, clock: FakeClock, key_file: Path
+) -> None:
+    adapter = firewalled(fake, clock, key_file)
+    try:
+        offer = await a10(adapter)
+        await adapter.create(serving(attempt=0), offer)
+        await adapter.create(
+            make_spec(
+                attempt=1, containers=(ContainerSpec("dns", "img:1", ports=(Port(53, "UDP"),)),)
+            ),
+            offer,
+        )
+    finally:
+        await adapter.close()
+    document = openapi()
+    assert document is not None
+    (made,), (update,) = fake.calls("add-firewall-ruleset"), fake.calls("update-firewall-ruleset")
+    for request in (made, update, *fake.calls("firewall-rulesets"), *fake.calls("launch")):
+        document.validate_request(OpenAPIRequest(request))
+    # The check has teeth: a protocol Lambda's NetworkProtocol does not name fails it.
+    body = json.loads(update.content)
+    body["rules"][0]["protocol"] = "sctp"
+    tampered = httpx.Request(
+        "PATCH", update.url, headers=update.headers, content=json.dumps(body).encode()
+    )
+    with pytest.raises(Exception, match="sctp"):
+        document.validate_request(OpenAPIRequest(tampered))
+
+
+@pytest.mark.parametrize(
+    ("firewall", "name", "field"),
+    [
+        ({"source_cidrs": []}, "lambda-test", "firewall.source_cidrs"),
+        ({"source_cidrs": ["203.0.113.7/24"]}, "lambda-test", "host bits set"),
+        ({"source_cidrs": ["2001:db8::/32"]}, "lambda-test", "is not an IPv4 CIDR"),
+        ({"source_cidrs": ["cluster"]}, "lambda-test", "firewall.source_cidrs"),
+        ({"source_cidrs": CLUSTER, "ssh_source_cidrs": []}, "lambda-test",
+         "firewall.ssh_source_cidrs"),
+        ({"source_cidrs": CLUSTER, "ruleset_name": "x" * 65}, "lambda-test",
+         "firewall.ruleset_name"),
+        ({"source_cidrs": CLUSTER}, "a" * 60, "firewall.ruleset_name"),
+        ({"source_cidrs": CLUSTER, "cidrs": CLUSTER}, "lambda-test", "firewall.cidrs"),
+    ],
+)  # fmt: skip
+def test_a_bad_firewall_configuration_names_the_field(
+    key_file: Path, firewall: dict[str, Any], name: str, field: str
+) -> None:
+    with pytest.raises(ValidationError, match=re.escape(field)):
+        make_config(key_file, name=name, firewall=firewall)
+
+
+def test_the_firewall_configuration_is_normalised_and_ssh_defaults_to_the_sources(
+    key_file: Path,
+) -> None:
+    config = make_config(key_file, firewall={"source_cidrs": ["203.0.113.7", " 10.0.0.0/8 "]})
+    assert config.firewall is not None
+    assert config.firewall.source_cidrs == ["203.0.113.7/32", "10.0.0.0/8"]
+    assert config.firewall.ssh_sources == config.firewall.source_cidrs
+    assert config.firewall.name_for(config.name) == OURS
+    assert make_config(key_file).firewall is None  # not managed unless configured
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -984,7 +1337,7 @@ def _canary_failures() -> dict[str, tuple[int, bytes] | Exception]:
 
 @pytest.mark.parametrize("failure", list(_canary_failures()))
 @pytest.mark.parametrize(
-    "operation", ["offers", "create", "create-lookup", "list", "get", "delete"]
+    "operation", ["offers", "create", "create-lookup", "create-firewall", "list", "get", "delete"]
 )
 async def test_no_canary_leaks_from_any_error_path(
     operation: str,
@@ -1001,6 +1354,7 @@ async def test_no_canary_leaks_from_any_error_path(
         "offers": "instance-types",
         "create": "launch",
         "create-lookup": "list",
+        "create-firewall": "add-firewall-ruleset",
         "list": "list",
         "get": "get",
         "delete": "terminate",
@@ -1013,6 +1367,7 @@ async def test_no_canary_leaks_from_any_error_path(
         key_file,
         transport=transport,
         retry=RetryPolicy(attempts=2, backoff_seconds=0.5, max_backoff_seconds=2.0),
+        **({"firewall": {"source_cidrs": CLUSTER}} if operation == "create-firewall" else {}),
     )
     instance_id = fake.add_instance(tags=ours(attempt=7))
     offer = await a10(adapter)
@@ -1029,6 +1384,7 @@ async def test_no_canary_leaks_from_any_error_path(
             "list": "/instances",
             "get": f"/instances/{instance_id}",
             "terminate": "/terminate",
+            "add-firewall-ruleset": "/firewall-rulesets",
         }[endpoint]
         transport.errors += [answer] * 5
     else:

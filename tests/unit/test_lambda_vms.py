@@ -36,16 +36,24 @@ from tests.workloads import workload
 from vk_provider.domain.containers import ContainerState as Runtime
 from vk_provider.domain.containers import ContainerStatus, Termination
 from vk_provider.domain.errors import AuthFailed, Transient
-from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, WorkloadSpec
+from vk_provider.domain.models import (
+    EnvVar,
+    InstanceState,
+    LogOptions,
+    PortEndpoint,
+    WorkloadSpec,
+)
 from vk_provider.settings.secrets import ConfigError, SecretRef
 from vk_provider_adapters import sealed_env
 from vk_provider_adapters.lambda_cloud.adapter import LambdaCloudProvider
 from vk_provider_adapters.lambda_cloud.agentkey import KEY_FILE, AgentKey
 from vk_provider_adapters.lambda_cloud.remote import (
     INSPECT_FORMAT,
+    PORTS_FORMAT,
     ContainerReport,
     ContainerState,
     MalformedProbe,
+    PublishedPort,
     VmReport,
     logs_command,
     parse_docker_time,
@@ -227,6 +235,40 @@ def test_each_container_is_reported_in_its_place() -> None:
     assert found.started_at == T0 and found.finished_at is None
 
 
+# --- the endpoints: the ports the sandbox publishes, at the VM's address -----------------------
+
+VM_IP = "198.51.100.2"
+WEB = PublishedPort(8080, "tcp", 8080)
+DNS = PublishedPort(5353, "udp", 5353)
+SIGNAL = PublishedPort(9999, "sctp", 9999)
+
+
+def published(*ports: PublishedPort, phase: str = "running") -> VmReport:
+    return report_of(app("running"), phase=phase, published=ports)
+
+
+@pytest.mark.parametrize(
+    ("report", "ip", "expected"),
+    [
+        (published(WEB, DNS), VM_IP,
+         (PortEndpoint(8080, "TCP", VM_IP, 8080), PortEndpoint(5353, "UDP", VM_IP, 5353))),
+        # While init containers run the sandbox already publishes: RUNNING, listed.
+        (published(WEB, phase="initializing"), VM_IP, (PortEndpoint(8080, "TCP", VM_IP, 8080),)),
+        (published(SIGNAL, WEB), VM_IP, (PortEndpoint(8080, "TCP", VM_IP, 8080),)),  # no SCTP
+        (published(WEB, DNS), None, ()),  # no public address (yet)
+        (published(), VM_IP, ()),  # the sandbox publishes nothing (not running)
+        (VmReport(phase="pulling", published=(WEB,)), VM_IP, ()),  # PENDING
+        (report_of(app("exited", 0), phase="exited", exit_code="0", published=(WEB,)),
+         VM_IP, ()),  # EXITED
+        (VmReport(phase="failed-host", published=(WEB,)), VM_IP, ()),  # LOST
+    ],
+)  # fmt: skip
+def test_only_a_running_pod_with_an_address_lists_its_published_tcp_and_udp_ports(
+    report: VmReport, ip: str | None, expected: tuple[PortEndpoint, ...]
+) -> None:
+    assert verdict(report, ip=ip).endpoints == expected
+
+
 # --- the probe's text ------------------------------------------------------------------------
 
 
@@ -324,6 +366,56 @@ def test_odd_probe_output_is_malformed(output: str) -> None:
         parse_probe(output)
 
 
+def _ports_line(port_map: object) -> str:
+    return f"sandbox-ports {_b64(json.dumps(port_map))}\n"
+
+
+# ``docker container inspect --format PORTS_FORMAT`` of a running sandbox published as
+# ``--publish 8080:8080/tcp --publish 5353:5353/udp ...``: Docker's PortMap, IPv4 and IPv6.
+ANY_IPV4 = "0.0.0.0"  # noqa: S104 -- Docker's HostIp of a port bound on every IPv4 address
+PORT_MAP = {
+    "8080/tcp": [{"HostIp": ANY_IPV4, "HostPort": "8080"}, {"HostIp": "::", "HostPort": "8080"}],
+    "5353/udp": [{"HostIp": "::", "HostPort": "5353"}, {"HostIp": ANY_IPV4, "HostPort": "5353"}],
+    "9999/sctp": [{"HostIp": "", "HostPort": "9999"}],
+    "9000/tcp": None,  # exposed by the image, not published
+    "7000/tcp": [{"HostIp": "::", "HostPort": "7000"}],  # IPv6 only
+    "6000/tcp": [{"HostIp": "127.0.0.1", "HostPort": "6000"}],  # one address, not the public one
+}
+
+
+def test_the_sandboxs_published_ports_are_read_from_dockers_port_map() -> None:
+    output = f"phase {_b64('running')}\n{_ports_line(PORT_MAP)}end\n"
+    assert parse_probe(output).published == (DNS, WEB, SIGNAL)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["", "sandbox-ports -\n", f"sandbox-ports {_b64(chr(10))}\n", _ports_line(None),
+     _ports_line({})],
+)  # fmt: skip
+def test_no_sandbox_or_a_stopped_one_publishes_nothing(line: str) -> None:
+    assert parse_probe(f"phase -\n{line}end\n").published == ()
+
+
+@pytest.mark.parametrize(
+    ("port_map", "field"),
+    [
+        ("Error: no such container", "sandbox.NetworkSettings.Ports: docker printed no JSON"),
+        ([], "sandbox.NetworkSettings.Ports is not an object"),
+        ({"http": []}, "key 'http' is not <port>/<proto>"),
+        ({"70000/tcp": []}, "key '70000/tcp'"),
+        ({"80/tcp": "0.0.0.0:80"}, "Ports[80/tcp] is not a list"),
+        ({"80/tcp": ["0.0.0.0:80"]}, "Ports[80/tcp] holds a binding that is not an object"),
+        ({"80/tcp": [{"HostIp": 0, "HostPort": "80"}]}, "Ports[80/tcp].HostIp"),
+        ({"80/tcp": [{"HostIp": ANY_IPV4, "HostPort": 80}]}, "Ports[80/tcp].HostPort"),
+    ],
+)
+def test_a_malformed_port_map_names_the_field(port_map: object, field: str) -> None:
+    text = port_map if isinstance(port_map, str) else json.dumps(port_map)
+    with pytest.raises(MalformedProbe, match=re.escape(field)):
+        parse_probe(f"phase -\nsandbox-ports {_b64(text)}\nend\n")
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -344,6 +436,8 @@ def test_commands_quote_everything_and_carry_no_secret() -> None:
     assert argv[:4] == ["sudo", "-n", "sh", "-c"]
     assert argv[-2:] == ["/var/lib/it's", "vk-a.0"]
     assert INSPECT_FORMAT in argv[4] and "Config" not in argv[4]  # never the env's values
+    # The sandbox's ports, by ``docker container inspect`` ("inspect" stays the containers').
+    assert f"docker container inspect --format '{PORTS_FORMAT}' \"$sandbox\"" in argv[4]
     assert probe_command(user="root", state_dir="/s", sandbox="c").startswith("sh -c")
     options = LogOptions(tail_lines=10, since_seconds=60, timestamps=True, follow=True)
     logs = shlex.split(
@@ -474,6 +568,41 @@ async def test_a_poll_probes_concurrently_and_bounded(
     assert most == 2
     assert sorted(i.instance_id for i in listed) == sorted(ids)
     assert len(fake.calls("list")) == 1
+
+
+async def test_get_and_list_report_the_published_ports_at_the_vms_public_ip(
+    fake: FakeLambda, clock: FakeClock, provider: LambdaCloudProvider
+) -> None:
+    instance_id = await active(fake)
+    ip = fake.instances[instance_id]["ip"]  # Instance.ip: the public IPv4 address
+    fake.vms.report(instance_id, published())  # the sandbox is not up yet
+    assert (await provider.get(instance_id)).endpoints == ()
+    fake.vms.report(instance_id, published(WEB, DNS))
+    expected = (PortEndpoint(8080, "TCP", ip, 8080), PortEndpoint(5353, "UDP", ip, 5353))
+    got = await provider.get(instance_id)
+    assert (got.state, got.ip, got.endpoints) == (InstanceState.RUNNING, ip, expected)
+    (listed,) = await provider.list_ours()
+    assert listed.endpoints == expected
+    # Unreachable for a while: its last view stands, the ports with it.
+    fake.vms.report(instance_id, Transient("timed out"))
+    (listed,) = await provider.list_ours()
+    assert (listed.state, listed.endpoints) == (InstanceState.RUNNING, expected)
+    # Ended: nothing is reached any more.
+    fake.vms.report(instance_id, container("exited", 0))
+    assert (await provider.get(instance_id)).endpoints == ()
+
+
+async def test_a_vm_without_an_ip_or_not_active_lists_no_endpoint(
+    fake: FakeLambda, provider: LambdaCloudProvider
+) -> None:
+    booting = fake.add_instance(tags=ours(0), status="booting")
+    no_ip = await active(fake, attempt=1)
+    del fake.instances[no_ip]["ip"]  # Instance.ip is optional in the spec
+    fake.vms.default = published(WEB)
+    listed = {i.instance_id: i for i in await provider.list_ours()}
+    assert listed[booting].endpoints == () and listed[booting].state is InstanceState.PENDING
+    assert listed[no_ip].endpoints == ()
+    assert fake.vms.probes == []  # neither is probed: nothing to reach
 
 
 async def test_close_closes_the_vm_connections(

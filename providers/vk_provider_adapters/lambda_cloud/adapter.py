@@ -48,6 +48,15 @@ Decisions (each has a test):
   ``Retry-After`` (or the first back-off). 429, 5xx and connection errors are retried a few
   times with capped exponential waits (``DEFAULT_RETRY``); a ``Retry-After`` longer than
   ``max_retry_after_seconds`` is handed to the agent as ``RateLimited`` instead.
+- **Traffic follows the pods** (``Instance.endpoints``). Every declared container port is
+  published on the same port of the VM (``vk_provider_adapters.docker_run``); a RUNNING
+  instance lists, at the VM's public ``ip``, each TCP and UDP port its sandbox publishes
+  right now, as the probe reads it from Docker (``vmstate``), never from the spec alone.
+  With ``firewall`` configured, ``create`` first makes sure the adapter's own firewall
+  ruleset of the offer's region lets ``source_cidrs`` in to the pod's ports and the agent to
+  SSH, and names it in the launch (``firewall``, which says why a ruleset and not the
+  account's rules); a firewall failure fails the create before any VM exists. Without it,
+  the account's rules decide whether the listed ports are reachable.
 - ``delete`` terminates the VM: Lambda has no graceful stop, so ``grace_seconds`` only buys
   what the VM's own shutdown gives Docker. A repeated delete within
   ``TERMINATE_REPEAT_SECONDS`` sends nothing (the agent polls delete while TERMINATING).
@@ -90,10 +99,17 @@ from vk_provider.sdk import (
     WorkloadSpec,
 )
 from vk_provider_adapters.cloud_init import STATE_DIR, build_user_data
+from vk_provider_adapters.docker_run import all_ports, pod_containers
 from vk_provider_adapters.http import Classify, ErrorAnswer, JsonApi, answered_status, never_sent
 from vk_provider_adapters.lambda_cloud.agentkey import AgentKey
 from vk_provider_adapters.lambda_cloud.config import LambdaProviderConfig
 from vk_provider_adapters.lambda_cloud.envelope import Operation, classify_failure, parse_data
+from vk_provider_adapters.lambda_cloud.firewall import (
+    UNFIREWALLED_REGIONS,
+    FirewallOperation,
+    ensure_ruleset,
+    wanted_rules,
+)
 from vk_provider_adapters.lambda_cloud.instances import (
     TAG_VALUE_MAX,
     launch_request,
@@ -119,10 +135,17 @@ DEFAULT_RETRY: Final = RetryPolicy(
 )
 
 
+_FIREWALL_METHODS: Final[Mapping[FirewallOperation, Literal["GET", "POST", "PATCH"]]] = {
+    "list firewall rulesets": "GET",
+    "create firewall ruleset": "POST",
+    "update firewall ruleset": "PATCH",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class _Call:
     operation: Operation
-    method: Literal["GET", "POST"]
+    method: Literal["GET", "POST", "PATCH"]
     path: str
     body: Mapping[str, object] | None = None
 
@@ -132,9 +155,10 @@ class _Call:
 
     @property
     def idempotent(self) -> bool:
-        # A launch (or a key added) that may have reached Lambda must not be sent again: it
-        # could make a second VM (or fail as a duplicate). Reads and terminate are safe.
-        return self.operation not in ("launch", "add ssh key")
+        # A launch (or a key or a ruleset added) that may have reached Lambda must not be sent
+        # again: it could make a second VM or ruleset (or fail as a duplicate). Reads,
+        # terminate and a ruleset's update (the whole rule list, again) are safe.
+        return self.operation not in ("launch", "add ssh key", "create firewall ruleset")
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +218,7 @@ class LambdaCloudProvider:
             concurrency=config.ssh_concurrency,
         )
         self._key_registered = False
+        self._unfirewalled_warned: set[str] = set()  # regions warned about, once each
         # One simulated clock in tests: the retries sleep as the rate limiters do.
         self._retry = dataclasses.replace(retry or DEFAULT_RETRY, sleep=sleep)
         self._requests = RateLimiter(request_interval, clock=clock, sleep=sleep)
@@ -273,6 +298,12 @@ class LambdaCloudProvider:
             if existing is not None:
                 return await self._watch.observe(existing, strict=False)
             await self._ensure_ssh_key()
+            # Before the launch: a firewall that fails leaves no VM behind.
+            ruleset = await self._ensure_firewall(spec, offer, redact)
+            if ruleset is not None:
+                body = launch_request(
+                    spec, offer, config=self._config, user_data=user_data, own_ruleset=ruleset
+                )
             try:
                 data = await self._call(
                     _Call("launch", "POST", "/instance-operations/launch", body=body), redact
@@ -416,6 +447,47 @@ class LambdaCloudProvider:
                 call, name=self._config.ssh_key_name, key=self._agent_key, provider=self.name
             )
         self._key_registered = True
+
+    async def _ensure_firewall(
+        self, spec: WorkloadSpec, offer: Offer, redact: Redactor
+    ) -> str | None:
+        """The id of the adapter's ruleset in the offer's region, letting in what the pod
+        needs (``firewall``); None when no ruleset is to be named. ``redact``: the create's."""
+        firewall = self._config.firewall
+        if firewall is None:
+            return None
+        if offer.region in UNFIREWALLED_REGIONS:
+            if offer.region not in self._unfirewalled_warned:
+                self._unfirewalled_warned.add(offer.region)
+                log.warning(
+                    "%s: Lambda applies no firewall rules in %s; its VMs are launched without "
+                    "the ruleset, and their ports are not limited to firewall.source_cidrs",
+                    self.name,
+                    offer.region,
+                )
+            return None
+        wanted = wanted_rules(
+            all_ports(pod_containers(spec)),
+            ssh_port=self._config.ssh_port,
+            source_cidrs=firewall.source_cidrs,
+            ssh_source_cidrs=firewall.ssh_sources,
+            provider=self.name,
+        )
+
+        async def call(
+            operation: FirewallOperation, path: str, body: Mapping[str, object] | None
+        ) -> object:
+            method = _FIREWALL_METHODS[operation]
+            return await self._call(_Call(operation, method, path, body), redact)
+
+        with self._api.readable("firewall rulesets"):
+            return await ensure_ruleset(
+                call,
+                name=firewall.name_for(self.name),
+                region=offer.region,
+                wanted=wanted,
+                provider=self.name,
+            )
 
     def _recent_launch(self, instance_id: str) -> Instance | None:
         self._forget_old_launches()

@@ -2,11 +2,64 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import ipaddress
+from typing import Final, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
-from vk_provider.sdk import CloudProviderSettings, SecretRef
+from vk_provider.sdk import CloudProviderSettings, SecretRef, Strict
+
+# From the spec: FirewallRulesetCreateRequest.name maxLength.
+RULESET_NAME_MAX: Final = 64
+RULESET_PREFIX: Final = "vk-provider-"
+
+
+def _ipv4_networks(values: list[str] | None) -> list[str] | None:
+    """Each entry an IPv4 network in CIDR notation (a bare address is /32, as Lambda reads
+    it), normalised to ``a.b.c.d/n``; host bits set are refused rather than guessed at."""
+    if values is None:
+        return None
+    networks = []
+    for index, value in enumerate(values):
+        try:
+            network = ipaddress.IPv4Network(value.strip())
+        except ValueError as exc:
+            raise ValueError(f"[{index}] {value[:60]!r} is not an IPv4 CIDR: {exc}") from None
+        networks.append(network.with_prefixlen)
+    return networks
+
+
+class LambdaFirewall(Strict):
+    """The adapter's own firewall ruleset per region (``lambda_cloud.firewall``)."""
+
+    source_cidrs: list[str] = Field(
+        min_length=1,
+        description="Sources (IPv4 CIDRs) let in to every port the pods declare, TCP or UDP as "
+        "declared: the cluster's egress (its nodes' public addresses or its NAT's).",
+    )
+    ssh_source_cidrs: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Sources (IPv4 CIDRs) let in to ssh_port: where the agent connects from, "
+        "and people of authorized_keys. None: source_cidrs (the agent runs in the cluster). "
+        "Leaving the agent out locks it out: its VMs are reported lost.",
+    )
+    ruleset_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=RULESET_NAME_MAX,
+        description="Name of the adapter's ruleset in each region. None: vk-provider-<provider "
+        "name>. Two agents sharing a Lambda account need different names (as their providers).",
+    )
+
+    _cidrs = field_validator("source_cidrs", "ssh_source_cidrs")(_ipv4_networks)
+
+    @property
+    def ssh_sources(self) -> list[str]:
+        return self.source_cidrs if self.ssh_source_cidrs is None else self.ssh_source_cidrs
+
+    def name_for(self, provider: str) -> str:
+        return self.ruleset_name or f"{RULESET_PREFIX}{provider}"
 
 
 # The API's shapes: tests/fixtures/provider-apis/lambda-cloud-openapi-1.8.3.json.
@@ -54,7 +107,15 @@ class LambdaProviderConfig(CloudProviderSettings):
         "launches name only the agent's key, so these go in through cloud-init.",
     )
     firewall_ruleset_ids: list[str] = Field(
-        default_factory=list, description="Firewall rulesets to attach to launched instances."
+        default_factory=list,
+        description="Firewall rulesets (ids, each in one region) to attach to launched "
+        "instances, beside the adapter's own ruleset when firewall is set.",
+    )
+    firewall: LambdaFirewall | None = Field(
+        None,
+        description="Manage a firewall ruleset of the adapter's own in each region, letting "
+        "source_cidrs in to the pods' declared ports and ssh_source_cidrs to SSH. None: no "
+        "firewall is touched; the account's rules (and firewall_ruleset_ids) decide.",
     )
     instance_types: list[str] = Field(
         default_factory=list, description="Instance type names to consider; empty means all."
@@ -67,3 +128,12 @@ class LambdaProviderConfig(CloudProviderSettings):
         "Kubernetes' pause image for registries the VMs must use instead).",
     )
     base_url: str = Field("https://cloud.lambda.ai/api/v1", description="API base URL.")
+
+    @model_validator(mode="after")
+    def _ruleset_name_fits(self) -> LambdaProviderConfig:
+        if self.firewall is not None and len(self.firewall.name_for(self.name)) > RULESET_NAME_MAX:
+            raise ValueError(
+                f"firewall.ruleset_name: {RULESET_PREFIX}{self.name} is longer than Lambda's "
+                f"{RULESET_NAME_MAX} characters; set a shorter ruleset_name"
+            )
+        return self

@@ -47,6 +47,9 @@ Operation = Literal[
     "terminate",
     "list ssh keys",
     "add ssh key",
+    "list firewall rulesets",
+    "create firewall ruleset",
+    "update firewall ruleset",
 ]
 
 _ERROR_TEXT_MAX: Final = 300

@@ -93,8 +93,11 @@ def launch_request(
     *,
     config: LambdaProviderConfig,
     user_data: str,
+    own_ruleset: str | None = None,
 ) -> dict[str, object]:
-    """The body of ``POST /instance-operations/launch`` (``InstanceLaunchRequest``)."""
+    """The body of ``POST /instance-operations/launch`` (``InstanceLaunchRequest``);
+    ``own_ruleset`` is the adapter's firewall ruleset in the offer's region
+    (``lambda_cloud.firewall``), named first, before the configured ones."""
     body: dict[str, object] = {
         "region_name": offer.region,
         "instance_type_name": offer.sku,
@@ -103,8 +106,10 @@ def launch_request(
         "user_data": user_data,
         "tags": launch_tags(spec, provider=config.name),
     }
-    if config.firewall_ruleset_ids:
-        body["firewall_rulesets"] = [{"id": ruleset} for ruleset in config.firewall_ruleset_ids]
+    rulesets = [own_ruleset] if own_ruleset else []
+    rulesets += [ruleset for ruleset in config.firewall_ruleset_ids if ruleset not in rulesets]
+    if rulesets:
+        body["firewall_rulesets"] = [{"id": ruleset} for ruleset in rulesets]
     return body
 
 

@@ -1,11 +1,13 @@
 """What the agent runs on a VM over SSH, and how it reads the answers: pure text in and out.
 
 - ``probe_command`` — one round trip per poll: the boot script's ``phase``, ``exit-code`` and
-  sandbox error files (``vk_provider_adapters.boot_script``), then for every container ``pod.list``
-  names (in run order, with its kind) ``docker inspect`` of ``vk-<request id>.<name>`` and
-  its ``docker run`` error file. While the VM waits for it, the same command stores the secret
-  environment's passphrase that the adapter sends on its standard input (and ignores it
-  otherwise). ``parse_probe`` reads its output into a ``VmReport``.
+  sandbox error files (``vk_provider_adapters.boot_script``), the ports the sandbox publishes
+  on the VM right now (``docker container inspect`` of ``vk-<request id>`` for exactly
+  ``PORTS_FORMAT``: Docker's ``NetworkSettings.Ports``, empty unless the sandbox runs), then
+  for every container ``pod.list`` names (in run order, with its kind) ``docker inspect`` of
+  ``vk-<request id>.<name>`` and its ``docker run`` error file. While the VM waits for it,
+  the same command stores the secret environment's passphrase that the adapter sends on its
+  standard input (and ignores it otherwise). ``parse_probe`` reads its output into a ``VmReport``.
 - ``logs_command`` — ``docker logs`` of one container of the pod (the first app container
   when none is named) with what ``LogOptions`` asks (tail, since, timestamps, follow), stdout
   and stderr merged; exit status ``NO_CONTAINER`` when there is no such container.
@@ -48,10 +50,16 @@ from vk_provider_adapters.docker_run import Kind
 NO_CONTAINER: Final = 44
 _FILE_TAIL_BYTES: Final = 4096
 _INSPECT_TAIL_BYTES: Final = 16384
+# About 80 bytes per binding, two bindings (IPv4 and IPv6) per port: room for 400 ports.
+_PORTS_TAIL_BYTES: Final = 65536
 _END: Final = "end"
 
 # The container's state and restart count, and nothing of its config (the env's values).
 INSPECT_FORMAT: Final = '{"State":{{json .State}},"RestartCount":{{json .RestartCount}}}'
+# The sandbox's published ports as Docker's API documents them (``PortMap``: "<port>/<proto>"
+# to a list of ``PortBinding`` {HostIp, HostPort}, or null when exposed but not published).
+# Asked with ``docker container inspect`` so that ``docker inspect`` stays the containers'.
+PORTS_FORMAT: Final = "{{json .NetworkSettings.Ports}}"
 
 _PROBE_SCRIPT: Final = f"""set -u
 state=$1
@@ -75,6 +83,9 @@ text() {{
 printf 'phase %s\\n' "$(text "$state/{PHASE_FILE}")"
 printf 'exit-code %s\\n' "$(text "$state/{EXIT_CODE_FILE}")"
 printf 'sandbox-error %s\\n' "$(text "$state/{SANDBOX_ERROR_FILE}")"
+ports=$(docker container inspect --format '{PORTS_FORMAT}' "$sandbox" 2> /dev/null |
+    b64 {_PORTS_TAIL_BYTES})
+printf 'sandbox-ports %s\\n' "${{ports:--}}"
 if [ -r "$state/{POD_LIST_FILE}" ]; then
     while read -r kind name; do
         [ -n "$name" ] || continue
@@ -140,6 +151,15 @@ class ContainerReport:
 
 
 @dataclass(frozen=True, slots=True)
+class PublishedPort:
+    """One port the sandbox publishes on the VM's IPv4 addresses, as Docker reports it."""
+
+    container_port: int
+    protocol: str  # Docker's: tcp, udp, sctp
+    host_port: int
+
+
+@dataclass(frozen=True, slots=True)
 class VmReport:
     """What one probe found on the VM."""
 
@@ -148,6 +168,7 @@ class VmReport:
     exit_code: str = ""  # the pod's, once it ended ("" before)
     start_error: str = ""  # the sandbox's docker run error output, when it failed
     containers: tuple[ContainerReport, ...] = ()
+    published: tuple[PublishedPort, ...] = ()  # none while the sandbox does not run
 
     @property
     def docker_error(self) -> str:
@@ -217,7 +238,63 @@ def parse_probe(output: str) -> VmReport:
         exit_code=_decode(fields.get("exit-code", "-"), "exit-code").strip(),
         start_error=_decode(fields.get("sandbox-error", "-"), "sandbox-error").strip(),
         containers=tuple(containers),
+        published=parse_ports(_decode(fields.get("sandbox-ports", "-"), "sandbox-ports")),
     )
+
+
+_PORT_KEY: Final = re.compile(r"(?P<port>\d{1,5})/(?P<protocol>tcp|udp|sctp)")
+_PORTS_WHERE: Final = "sandbox.NetworkSettings.Ports"
+# Docker's HostIp of a port published on every IPv4 address (the public one among them); older
+# Dockers leave it empty. Read from Docker's answer, never bound here.
+_EVERY_IPV4: Final = frozenset({"0.0.0.0", ""})  # noqa: S104
+
+
+def parse_ports(text: str) -> tuple[PublishedPort, ...]:
+    """``docker container inspect --format PORTS_FORMAT`` of the sandbox: each port bound on
+    every IPv4 address of the VM (``HostIp`` ``0.0.0.0``, or empty as older Dockers print
+    it), in port order. Nothing (no sandbox), ``null`` and ``{}`` (it does not run) are none;
+    a port exposed but not published (``null``) or bound to one address only is left out."""
+    text = text.strip()
+    if not text:
+        return ()
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        raise MalformedProbe(f"{_PORTS_WHERE}: docker printed no JSON: {text[:200]!r}") from None
+    if answer is None:
+        return ()
+    if not isinstance(answer, dict):
+        raise MalformedProbe(f"{_PORTS_WHERE} is not an object")
+    found: list[PublishedPort] = []
+    for key, bindings in answer.items():
+        match = _PORT_KEY.fullmatch(str(key))
+        if match is None or not 1 <= int(match.group("port")) <= 65535:
+            raise MalformedProbe(f"{_PORTS_WHERE} key {str(key)[:40]!r} is not <port>/<proto>")
+        if bindings is None:
+            continue
+        if not isinstance(bindings, list):
+            raise MalformedProbe(f"{_PORTS_WHERE}[{key}] is not a list of bindings")
+        for binding in bindings:
+            host_port = _host_port(binding, where=f"{_PORTS_WHERE}[{key}]")
+            if host_port is not None:
+                port = int(match.group("port"))
+                found.append(PublishedPort(port, match.group("protocol"), host_port))
+                break
+    return tuple(sorted(found, key=lambda p: (p.container_port, p.protocol)))
+
+
+def _host_port(binding: object, *, where: str) -> int | None:
+    """The ``HostPort`` of a ``PortBinding`` on every IPv4 address; None for another one."""
+    if not isinstance(binding, dict):
+        raise MalformedProbe(f"{where} holds a binding that is not an object")
+    host_ip, host_port = binding.get("HostIp", ""), binding.get("HostPort")
+    if not isinstance(host_ip, str):
+        raise MalformedProbe(f"{where}.HostIp is not a string")
+    if not isinstance(host_port, str) or not (host_port.isdigit() or host_port == ""):
+        raise MalformedProbe(f"{where}.HostPort is not a port number")
+    if host_ip not in _EVERY_IPV4 or not host_port or not 1 <= int(host_port) <= 65535:
+        return None  # IPv6 only, one address (not the public one), or no port yet
+    return int(host_port)
 
 
 def _parse_container(line: str) -> ContainerReport:

@@ -34,11 +34,20 @@ container is reported as a kubelet would (``domain.containers.ContainerStatus``)
 - not there, with a ``docker run`` error (``failed-start``) → terminated, ``StartError``
   with that error; not there otherwise → not reported (the agent shows it waiting).
 
+**The endpoints** (``Instance.endpoints``): only a RUNNING instance with a public IPv4
+address (Lambda's ``ip``) has any, one per TCP or UDP port the sandbox publishes on the VM
+right now (``remote.PublishedPort``: ``vk_provider_adapters.docker_run`` publishes every
+declared port on the same port of the VM), at ``ip`` and that host port. Read from Docker,
+not from the spec: a port Docker has not bound (the sandbox not started yet, or restarting)
+is not listed. SCTP is published but never listed: Lambda's firewall rules name only tcp,
+udp and icmp, so no rule lets SCTP in (``firewall``).
+
 ``RestartCount`` is every container's restart count. Docker forgets a running container's
 previous exit code (its ``State.ExitCode`` is 0 again once it runs), so the last termination
 is reported while it is in back-off; the agent keeps it from then on.
 
-Invariants: pure; total (every report has a verdict); RUNNING only once a container exists.
+Invariants: pure; total (every report has a verdict); RUNNING only once a container exists;
+endpoints only with RUNNING.
 """
 
 from __future__ import annotations
@@ -48,8 +57,13 @@ from datetime import datetime
 from typing import Final
 
 from vk_provider.sdk import ContainerState as Runtime
-from vk_provider.sdk import ContainerStatus, InstanceState, Termination
-from vk_provider_adapters.lambda_cloud.remote import ContainerReport, ContainerState, VmReport
+from vk_provider.sdk import ContainerStatus, InstanceState, PortEndpoint, Termination
+from vk_provider_adapters.lambda_cloud.remote import (
+    ContainerReport,
+    ContainerState,
+    PublishedPort,
+    VmReport,
+)
 
 _RUNNING: Final = frozenset({"running", "paused"})
 _ENDED: Final = frozenset({"exited", "dead", "removing"})
@@ -61,6 +75,8 @@ _BOOTING: Final = {
     "starting": "starting the pod sandbox",
 }
 _MESSAGE_MAX: Final = 400
+# Docker's protocol → Kubernetes' (the pod's declared ``protocol``); SCTP: see above.
+_REACHABLE: Final = {"tcp": "TCP", "udp": "UDP"}
 START_ERROR: Final = "StartError"
 BACK_OFF: Final = "CrashLoopBackOff"
 
@@ -76,6 +92,18 @@ class Verdict:
     finished_at: datetime | None = None
     containers: tuple[ContainerStatus, ...] = ()
     init_containers: tuple[ContainerStatus, ...] = ()
+    endpoints: tuple[PortEndpoint, ...] = ()
+
+
+def reached_at(published: tuple[PublishedPort, ...], ip: str | None) -> tuple[PortEndpoint, ...]:
+    """Where the cluster reaches each published TCP and UDP port: ``ip`` and its host port."""
+    if not ip:
+        return ()
+    return tuple(
+        PortEndpoint(port.container_port, _REACHABLE[port.protocol], ip, port.host_port)
+        for port in published
+        if port.protocol in _REACHABLE
+    )
 
 
 def _short(text: str) -> str:
@@ -139,8 +167,8 @@ def container_status(report: ContainerReport) -> ContainerStatus | None:
     return ContainerStatus(name, Runtime.WAITING, "ContainerCreating", restart_count=restarts)
 
 
-def verdict(report: VmReport) -> Verdict:
-    """The instance's state given one probe of its VM (the tables above)."""
+def verdict(report: VmReport, *, ip: str | None = None) -> Verdict:
+    """The instance's state given one probe of its VM at ``ip`` (the tables above)."""
     apps: list[ContainerStatus] = []
     inits: list[ContainerStatus] = []
     for container in report.containers:
@@ -152,6 +180,7 @@ def verdict(report: VmReport) -> Verdict:
 
     def found(state: InstanceState, message: str, exit_code: int | None = None) -> Verdict:
         ended = state is InstanceState.EXITED
+        running = state is InstanceState.RUNNING
         return Verdict(
             state,
             message,
@@ -160,6 +189,7 @@ def verdict(report: VmReport) -> Verdict:
             finished_at=max(finished, default=None) if ended else None,
             containers=tuple(apps),
             init_containers=tuple(inits),
+            endpoints=reached_at(report.published, ip) if running else (),
         )
 
     phase, said = report.phase, _short(report.phase_message)

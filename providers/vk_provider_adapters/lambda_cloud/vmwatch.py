@@ -10,7 +10,9 @@ terminated, preempted). Per instance it remembers, in memory only:
   VM must not bill forever). Before that, a VM never reached reads PENDING ("waiting to reach
   it over SSH"); one reached before keeps its last state in ``list_ours`` and makes ``get``
   raise ``Transient`` (so the pod keeps its status; never ``NotFound``);
-- its last verdict, every container's status included; an EXITED or LOST one is final (an
+- its last verdict, every container's status and the published ports' endpoints included
+  (a VM that stops answering for a while keeps them, as it keeps its containers' states:
+  Docker keeps the ports published while the sandbox runs); an EXITED or LOST one is final (an
   ended pod never starts again on its VM: Docker restarted its containers while it ran), so
   an exited pod is reported EXITED even if the VM stops answering while it is released;
 - whether the VM may still wait for its secret environment's passphrase, which is then sent on
@@ -139,7 +141,7 @@ class VmWatch:
             return self._unreachable(instance, seen, error, strict=strict)
         except Transient as exc:
             return self._unreachable(instance, seen, exc, strict=strict)
-        found = verdict(report)
+        found = verdict(report, ip=instance.ip)
         if found.state is None:
             error = Transient(f"Lambda VM of {instance.instance_id}: {found.message}")
             return self._unreachable(instance, seen, error, strict=strict)
@@ -154,6 +156,7 @@ class VmWatch:
             finished_at=found.finished_at,
             containers=found.containers,
             init_containers=found.init_containers,
+            endpoints=found.endpoints,
         )
         seen.last = refined
         if refined.state in _FINAL:
@@ -235,6 +238,7 @@ class VmWatch:
             finished_at=last.finished_at,
             containers=last.containers,
             init_containers=last.init_containers,
+            endpoints=last.endpoints,
             message=_joined(last.message, f"not reachable over SSH just now: {error}"),
         )
 
