@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import signal
@@ -23,8 +24,10 @@ import pytest
 
 from tests.helpers import wait_for
 from tests.unit.test_local_provider import (  # noqa: F401 - state_dir is a fixture
+    SLEEP,
     collect,
     make_config,
+    make_spec,
     offer,
     state_dir,
     wait_state,
@@ -32,10 +35,11 @@ from tests.unit.test_local_provider import (  # noqa: F401 - state_dir is a fixt
 from vk_provider.domain.containers import ContainerSpec, ContainerUsage
 from vk_provider.domain.contract import ExecSession
 from vk_provider.domain.envvar import EnvVar, Port
-from vk_provider.domain.errors import InvalidSpec, NotFound, Transient
-from vk_provider.domain.models import InstanceState, LogOptions, WorkloadSpec
+from vk_provider.domain.errors import CapacityUnavailable, InvalidSpec, NotFound, Transient
+from vk_provider.domain.models import InstanceState, LogOptions, PortEndpoint, WorkloadSpec
 from vk_provider.settings.secrets import ConfigError
 from vk_provider_adapters.local import netns as local_netns
+from vk_provider_adapters.local import podnet
 from vk_provider_adapters.local.adapter import LocalProvider
 from vk_provider_adapters.local.exec import LocalExec, start_exec
 from vk_provider_adapters.local.portforward import declared_ports, open_local_port
@@ -472,3 +476,119 @@ def test_a_network_namespace_needs_an_address_and_must_exist(state_dir: Path) ->
     config = make_config(network_namespace="vk-nope", address="10.213.9.2")
     with pytest.raises(ConfigError, match="network_namespace 'vk-nope' does not exist"):
         LocalProvider(config, state_dir=state_dir)
+
+
+# --------------------------------------------------------------------------- a network per pod
+
+
+def _free_cidr() -> str:
+    """A /28 of 10.214.0.0/16 that overlaps no network of this machine."""
+    busy = netns.networks_in_use()
+    for candidate in ipaddress.IPv4Network("10.214.0.0/16").subnets(new_prefix=28):
+        if not any(candidate.overlaps(network) for network in busy):
+            return str(candidate)
+    raise AssertionError("no free /28 in 10.214.0.0/16")
+
+
+def _namespaces() -> set[str]:
+    listed = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True)
+    return {entry["name"] for entry in json.loads(listed.stdout or "[]")}
+
+
+async def _answer(address: str, port: int) -> bytes | None:
+    try:
+        reader, writer = await asyncio.open_connection(address, port)
+    except OSError:
+        return None
+    try:
+        return await reader.read(100)
+    finally:
+        writer.close()
+
+
+async def test_each_pod_of_a_pod_network_listens_at_an_address_of_its_own(
+    state_dir: Path,  # noqa: F811 - the fixture
+) -> None:
+    """``pod_network``: two pods of one provider, both on the same port, each in a network
+    namespace of its own at its own /30, reached there (endpoint, probes' ``ip``, exec,
+    port-forward); deleting a pod removes its namespace and veth."""
+    port = 18321
+    local = LocalProvider(make_config(pod_network=_free_cidr()), state_dir=state_dir)
+    before = _namespaces()
+    try:
+        running = []
+        for name in ("one", "two"):
+            app = ContainerSpec(
+                name="app", image="ignored", command=(sys.executable, "-c", SERVE_ALL),
+                env=(EnvVar("PORT", str(port)), EnvVar("WHO", name)), ports=(Port(port),),
+            )  # fmt: skip
+            spec = WorkloadSpec(
+                pod_uid=f"pod-{name}", namespace="default", pod_name=name, containers=(app,)
+            )
+            created = await local.create(spec, await offer(local))
+            running.append(await wait_state(local, created.instance_id, InstanceState.RUNNING))
+        addresses = [r.ip for r in running]
+        assert len(set(addresses)) == 2 and all(a and a.startswith("10.214.") for a in addresses)
+        for instance, name in zip(running, ("one", "two"), strict=True):
+            assert instance.endpoints == (PortEndpoint(port, "TCP", str(instance.ip), port),)
+
+            async def answers(address: str = str(instance.ip)) -> bytes | None:
+                return await _answer(address, port)
+
+            reply = await wait_for(answers, timeout=20, interval=0.1, what=f"pod {name}")
+            assert reply == f"hello from {name}".encode()
+            command = ["ip", "-4", "-o", "addr"]
+            session = await local.exec(instance.instance_id, "app", command, tty=False)
+            try:
+                out, _, code = await collect_exec(session)
+            finally:
+                await session.close()
+            assert code == 0 and f"inet {instance.ip}/30" in out.decode()
+            stream = await local.open_port(instance.instance_id, port)
+            try:
+                assert await stream.read(100) == f"hello from {name}".encode()
+            finally:
+                await stream.close()
+        assert len(_namespaces() - before) == 2
+
+        for instance in running:
+            await local.delete(instance.instance_id, grace_seconds=0)
+            await wait_state(local, instance.instance_id, InstanceState.TERMINATED)
+            await local.delete(instance.instance_id, grace_seconds=0)  # released: its network goes
+        assert _namespaces() == before
+    finally:
+        await local.close()
+
+
+async def test_a_full_pod_network_refuses_the_pod_and_a_failed_one_leaves_nothing(
+    state_dir: Path,  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cidr = _free_cidr().replace("/28", "/30")  # room for one pod
+    local = LocalProvider(make_config(pod_network=cidr), state_dir=state_dir)
+    before = _namespaces()
+    try:
+        spec = make_spec(SLEEP, uid="first")
+        first = await local.create(spec, await offer(local))
+        with pytest.raises(CapacityUnavailable, match="no free /30"):
+            await local.create(make_spec(SLEEP, uid="second"), await offer(local))
+        await local.delete(first.instance_id, grace_seconds=0)
+        await wait_state(local, first.instance_id, InstanceState.TERMINATED)
+        await local.delete(first.instance_id, grace_seconds=0)
+        assert _namespaces() == before
+
+        monkeypatch.setattr(podnet.shutil, "which", lambda _tool: None)
+        with pytest.raises(Transient, match="needs the ip tool"):
+            await local.create(make_spec(SLEEP, uid="third"), await offer(local))
+        assert not list(state_dir.glob("local-third-*"))
+    finally:
+        await local.close()
+
+
+def test_a_pod_network_is_one_cidr_apart_from_address_and_namespace() -> None:
+    with pytest.raises(ValueError, match="leave address and network_namespace unset"):
+        make_config(pod_network="10.214.0.0/24", address="10.213.0.2")
+    with pytest.raises(ValueError, match="at most a /30"):
+        make_config(pod_network="10.214.0.0/31")
+    with pytest.raises(ValueError, match="not an IPv4 network"):
+        make_config(pod_network="10.214.0.1/24")

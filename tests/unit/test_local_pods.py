@@ -389,9 +389,9 @@ async def test_a_create_looks_only_at_its_offers_instances(
     looked: list[str] = []
     real = adapter.observe
 
-    def counting(directory: Path, *, provider: str) -> Instance | None:
+    def counting(directory: Path, *, provider: str, ip: str) -> Instance | None:
         looked.append(directory.name)
-        return real(directory, provider=provider)
+        return real(directory, provider=provider, ip=ip)
 
     monkeypatch.setattr(adapter, "observe", counting)
     gpu = await offer(local, "a100")

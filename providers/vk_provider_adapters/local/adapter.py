@@ -47,6 +47,7 @@ import logging
 import random
 import shutil
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -67,6 +68,7 @@ from vk_provider.sdk import (
     Transient,
     WorkloadSpec,
 )
+from vk_provider_adapters.local import podnet
 from vk_provider_adapters.local.config import LocalProviderConfig
 from vk_provider_adapters.local.exec import start_exec
 from vk_provider_adapters.local.injector import FaultInjector
@@ -167,6 +169,7 @@ class LocalProvider:
         self._spawner = Spawner(self._state_dir, namespace=config.network_namespace)
         # Where the agent's probes and port-forwards reach this provider's processes.
         self._host = reached_at(config.network_namespace, config.address)
+        self._networks = threading.Lock()  # creates run in worker threads
         # Creates under way (their files are written off the event loop): the answer each
         # will give, and the sku each has claimed in the index.
         self._creating: dict[str, asyncio.Future[Instance]] = {}  # the create tasks
@@ -314,7 +317,29 @@ class LocalProvider:
                 signal_runner(record.process, signal.SIGUSR1)  # look at the requests now
 
     def _observe(self, directory: Path) -> Instance | None:
-        return observe(directory, provider=self.name, ip=self._host)
+        network = podnet.read(directory) if self._config.pod_network is not None else None
+        ip = network.address if network is not None else self._host
+        return observe(directory, provider=self.name, ip=ip)
+
+    def _reserve_network(self, directory: Path) -> podnet.PodNetwork | None:
+        """A /30 of ``pod_network`` for the instance in ``directory``, recorded there."""
+        cidr = self._config.pod_network
+        if cidr is None:
+            return None
+        with self._networks:  # one /30 per pod: choose and record under one lock
+            instances = [d for d in self._state_dir.iterdir() if INSTANCE_ID.fullmatch(d.name)]
+            try:
+                network = podnet.choose(cidr, podnet.taken(instances), directory)
+            except podnet.PodNetworkError as exc:
+                shutil.rmtree(directory, ignore_errors=True)
+                raise CapacityUnavailable(str(exc), provider=self.name) from exc
+            podnet.reserve(directory, network)
+        return network
+
+    def _namespace(self, directory: Path) -> str | None:
+        """The network namespace the instance's processes run in, if not this machine's."""
+        network = podnet.read(directory) if self._config.pod_network is not None else None
+        return network.namespace if network is not None else self._config.network_namespace
 
     # --- optional operations: exec.py, portforward.py, usage.py ---------------------------
 
@@ -329,13 +354,15 @@ class LocalProvider:
                 command,
                 tty=tty,
                 provider=self.name,
-                namespace=self._config.network_namespace,
+                namespace=self._namespace(directory),
             )
 
     async def open_port(self, instance_id: str, port: int) -> PortStream:
         directory = self._directory(instance_id)
         with _io_errors_as_transient(self.name):
-            return await open_local_port(directory, port, provider=self.name, host=self._host)
+            instance = self._observe(directory)
+            host = instance.ip if instance is not None and instance.ip else self._host
+            return await open_local_port(directory, port, provider=self.name, host=host)
 
     async def usage(self, instance_id: str) -> list[ContainerUsage]:
         directory = self._directory(instance_id)
@@ -422,6 +449,7 @@ class LocalProvider:
         spawner and the log are touched here, never the index)."""
         directory = self._state_dir / instance_id
         # A directory without instance.json is what an interrupted create left; start over.
+        podnet.remove(directory)
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
         inits, apps = local_containers(spec, provider=self.name)
@@ -443,21 +471,27 @@ class LocalProvider:
             created_at=time.time(),
             process=None,
         )
-        if self._config.address is not None:
-            write_json(directory / ENDPOINTS_FILE, exposed_ports(spec, self._config.address))
+        network = self._reserve_network(directory)
+        address = network.address if network is not None else self._config.address
+        if address is not None:
+            write_json(directory / ENDPOINTS_FILE, exposed_ports(spec, address))
         # Recorded after the plan and before the process starts: an agent dying in between
         # leaves an instance that reports LOST instead of a directory nobody recognises.
         write_json(directory / INSTANCE_FILE, record.to_json())
         try:
+            if network is not None:
+                podnet.create(directory, network)
             process = self._spawner.start_runner(
                 directory,
                 startup_seconds=offer.startup_seconds,
                 log_file=directory / RUNNER_LOG_FILE,
                 cwd=PACKAGE_ROOT,
+                namespace=network.namespace if network is not None else None,
             )
-        except (OSError, RuntimeError) as exc:
+        except (OSError, RuntimeError) as exc:  # PodNetworkError included
+            podnet.remove(directory)
             shutil.rmtree(directory, ignore_errors=True)
-            raise Transient(f"cannot start the local runner: {exc}", provider=self.name) from exc
+            raise Transient(f"cannot start the local pod: {exc}", provider=self.name) from exc
         record = dataclasses.replace(record, process=process)
         write_json(directory / INSTANCE_FILE, record.to_json())
         log.info("started %s for pod %s (pid %d)", directory.name, spec.pod_uid, process.pid)

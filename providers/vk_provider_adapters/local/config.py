@@ -57,6 +57,29 @@ class LocalProviderConfig(ProviderSettings):
         "CAP_SYS_ADMIN. None: this machine's own network.",
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
     )
+    pod_network: str | None = Field(
+        None,
+        description="An IPv4 CIDR of this machine's own choosing (overlapping none of its "
+        "networks): each pod gets a /30 of it and a network namespace of its own, joined to "
+        "this machine by a veth pair, and listens at its own address, where its declared "
+        "ports are exposed (as a CNI plugin gives pods addresses). Needs iproute2 and "
+        "CAP_NET_ADMIN and CAP_SYS_ADMIN. Excludes address and network_namespace.",
+    )
+
+    @field_validator("pod_network")
+    @classmethod
+    def _a_cidr(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            network = ipaddress.IPv4Network(value)
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not an IPv4 network in CIDR notation ({exc})") from None
+        if network.prefixlen > 30:
+            raise ValueError(f"{value}: each pod needs a /30, so at most a /30")
+        if network.is_loopback or network.is_link_local:
+            raise ValueError(f"{value} cannot be reached from the cluster")
+        return str(network)
 
     @field_validator("address")
     @classmethod
@@ -77,6 +100,15 @@ class LocalProviderConfig(ProviderSettings):
     @model_validator(mode="after")
     def _unique_skus(self) -> LocalProviderConfig:
         unique_skus(self.offers)
+        return self
+
+    @model_validator(mode="after")
+    def _one_network(self) -> LocalProviderConfig:
+        if self.pod_network is not None and (self.address or self.network_namespace):
+            raise ValueError(
+                "pod_network gives each pod an address of its own: leave address and "
+                "network_namespace unset with it"
+            )
         return self
 
     @model_validator(mode="after")

@@ -8,7 +8,8 @@ runner per instance (a fork of that small process takes about a millisecond). Th
 
 Protocol, one JSON line each way over a Unix socket pair::
 
-    agent   -> spawner  {"instance": DIR, "start_delay": S, "log": FILE, "cwd": DIR}
+    agent   -> spawner  {"instance": DIR, "start_delay": S, "log": FILE, "cwd": DIR,
+                         "netns": PATH (optional: the pod's own network namespace)}
     spawner -> agent    {"pid": N, "start_ticks": T}      or   {"error": "..."}
 
 A forked runner is what ``runner_command`` would have started: a session (and process group)
@@ -45,7 +46,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from vk_provider_adapters.local.netns import entered
+from vk_provider_adapters.local.netns import entered, namespace_path
 from vk_provider_adapters.local.processes import ProcessRecord, start_process, start_ticks
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,12 @@ def _run_forked(request: dict[str, object], channel: int, ready: int) -> None:
     try:
         os.close(channel)
         os.setsid()
+        if request.get("netns"):
+            try:
+                _enter_network(str(request["netns"]))
+            except OSError as exc:
+                os.write(ready, f"cannot enter the network namespace: {exc}".encode())
+                raise
         os.close(ready)  # the spawner answers once we lead a process group of our own
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
@@ -92,6 +99,24 @@ def _run_forked(request: dict[str, object], channel: int, ready: int) -> None:
         os._exit(code)
 
 
+def _enter_network(path: str) -> None:
+    """Join the network namespace bound at ``path`` (``setns``; Python 3.11 has no
+    ``os.setns``): the runner and every container it starts live in it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error), path)
+    finally:
+        os.close(fd)
+
+
+_CLONE_NEWNET = 0x40000000
+
+
 def _reap_children() -> None:
     with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
@@ -106,9 +131,14 @@ def _answer(channel: int, request: dict[str, object]) -> dict[str, object]:
         _run_forked(request, channel, ready)
     os.close(ready)
     # Until the child has its own session, a signal to its process group would reach
-    # nobody: wait for it to close its end (it does right after setsid, or by dying).
-    os.read(wait, 1)
+    # nobody: wait for it to close its end (it does right after setsid, or by dying); what
+    # it wrote first is why it could not run (its network namespace).
+    failure = os.read(wait, 4096)
     os.close(wait)
+    if failure:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        return {"error": failure.decode(errors="replace")}
     ticks = start_ticks(pid)
     if ticks is None:
         return {"error": f"runner {pid} vanished before its start time could be read"}
@@ -153,18 +183,27 @@ class Spawner:
         self._replies = b""
 
     def start_runner(
-        self, directory: Path, *, startup_seconds: float, log_file: Path, cwd: Path
+        self,
+        directory: Path,
+        *,
+        startup_seconds: float,
+        log_file: Path,
+        cwd: Path,
+        namespace: str | None = None,
     ) -> ProcessRecord:
-        """Fork the runner of the instance in ``directory`` (which exists); start it directly
-        if the spawner cannot (it never came up, died, or answered nonsense). Safe to call
-        from several threads: requests go one at a time."""
+        """Fork the runner of the instance in ``directory`` (which exists), in the network
+        ``namespace`` of its pod if it has one of its own; start it directly if the spawner
+        cannot (it never came up, died, or answered nonsense). Safe to call from several
+        threads: requests go one at a time."""
         name = f"local-runner {directory.name}"
-        request = {
+        request: dict[str, object] = {
             "instance": str(directory),
             "start_delay": startup_seconds,
             "log": str(log_file),
             "cwd": str(cwd),
         }
+        if namespace is not None:
+            request["netns"] = str(namespace_path(namespace))
         for _ in range(2):  # a spawner that died since the last call is replaced once
             try:
                 with self._lock:
@@ -176,13 +215,18 @@ class Spawner:
                 continue
             if "pid" in reply:
                 return ProcessRecord(name, int(str(reply["pid"])), int(str(reply["start_ticks"])))
+            if namespace is not None and "network namespace" in str(reply.get("error")):
+                raise RuntimeError(str(reply.get("error")))  # not the spawner's fault
             log.warning("local runner spawner could not fork: %s", reply.get("error"))
             break
         from vk_provider_adapters.local.launch import runner_command
 
         return start_process(
             name,
-            entered(runner_command(directory, startup_seconds=startup_seconds), self._namespace),
+            entered(
+                runner_command(directory, startup_seconds=startup_seconds),
+                namespace if namespace is not None else self._namespace,
+            ),
             log_file=log_file,
             cwd=cwd,
         )

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from vk_provider.sdk import InstanceState
+from vk_provider_adapters.local import podnet
 from vk_provider_adapters.local.layout import (
     CONTAINER_LOG,
     CONTAINER_ORDER,
@@ -72,6 +73,7 @@ def release(directory: Path) -> None:
                 (source / kept).replace(target / kept)
     if names:
         write_json(retained / CONTAINERS_DIR / CONTAINER_ORDER, names)
+    podnet.remove(directory)  # its processes are gone: its network goes too
     shutil.rmtree(directory, ignore_errors=True)
 
 
