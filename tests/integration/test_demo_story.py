@@ -35,7 +35,14 @@ PHASES = [
 ]
 
 
+def _pod_networks() -> set[str]:
+    """The local provider's pod network namespaces on this machine."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return {line.split()[0] for line in listed.stdout.splitlines() if line.startswith("vkp-")}
+
+
 async def test_the_demo_tells_the_story_and_cleans_up(tmp_path: Path) -> None:
+    before = _pod_networks()
     state = tmp_path / "state"
     name = f"vkt-story-{os.getpid()}"
     proc = subprocess.Popen(
@@ -88,6 +95,12 @@ async def test_the_demo_tells_the_story_and_cleans_up(tmp_path: Path) -> None:
         # Inference was on the virtual node at the two cheapest clouds while training ran.
         during = [r for r in rows if r[1:4] == ["inference", "on", "rented"]]
         assert during and all(r[-1] == "8.04" for r in during), during
+        # Traffic followed: the Service's slices as kubectl shows them, and every rented
+        # replica answering at the endpoint the agent published for it (its own address).
+        assert "$ kubectl get endpointslices -n ml -l kubernetes.io/service-name=infer" in text
+        answers = re.findall(r"GET http://(10\.215\.[\d.]+):8000/ -> (\S+)", text)
+        assert len(answers) == 6 and len({a for a, _ in answers}) == 6, answers
+        assert all(name.startswith("infer-") for _, name in answers), answers
         picture = Path(re.search(r"picture of the run: (\S+)", text).group(1))  # type: ignore[union-attr]
         svg = ET.fromstring(picture.read_text())  # noqa: S314 - our own output
         classes = {e.get("class") for e in svg.iter()}
@@ -113,3 +126,4 @@ async def test_the_demo_tells_the_story_and_cleans_up(tmp_path: Path) -> None:
     assert [pid for pid in started if _alive(pid)] == []
     leftovers = subprocess.run(["pgrep", "-af", name], capture_output=True, text=True, check=False)
     assert name not in leftovers.stdout.replace("pgrep -af " + name, "")
+    assert _pod_networks() <= before  # every rented replica's network went with it

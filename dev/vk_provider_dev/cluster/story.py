@@ -27,11 +27,15 @@ before it returns, and no simulated instance outlives it.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import os
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +44,10 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from vk_provider.domain.endpointslices import MANAGED_BY, MANAGED_BY_LABEL
 from vk_provider.domain.handoverstep import HANDOVER
 from vk_provider.settings.paths import state_root
+from vk_provider_dev.cluster import netns
 from vk_provider_dev.cluster.binaries import Binaries
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.demo import (
@@ -62,13 +68,38 @@ NODE_NAME = "vk-gpu"
 NAMESPACE = "ml"
 INFERENCE, TRAINING = "inference", "training"
 GANG_SIZE, GANG_GPUS = 4, 8
+# The model server: batches in the log; with a network of its own (pod networks on), HTTP on
+# its port too, answering with its name (its readiness probe and its Service reach it there).
 SERVER_SCRIPT = """\
-import os, time
-print(f"model server {os.environ['POD_NAME']} serving", flush=True)
+import http.server, os, threading, time
+name = os.environ["POD_NAME"]
+if os.environ.get("HTTP_PORT"):
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = f"{name}\\n".encode()
+            self.send_response(200); self.send_header("Content-Length", str(len(body)))
+            self.end_headers(); self.wfile.write(body)
+        def log_message(self, *args): pass
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["HTTP_PORT"])), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+print(f"model server {name} serving", flush=True)
 while True:
     time.sleep(5)
     print("served a batch", flush=True)
 """
+HTTP_PORT = 8000
+SERVICE = "infer"  # the Service over the inference replicas
+SLICES_ARGS = [
+    "get",
+    "endpointslices",
+    "-n",
+    NAMESPACE,
+    "-l",
+    f"kubernetes.io/service-name={SERVICE}",
+]
+SLICES_COMMAND = "kubectl " + " ".join(SLICES_ARGS)
+SLICES_PATH = f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices"
+POD_NETWORKS = ipaddress.IPv4Network("10.215.0.0/16")  # each cloud's pod_network: a /24 of it
 
 # Three simulated clouds; the two cheapest can hold every replica between them.
 CLOUDS: list[dict[str, Any]] = [
@@ -149,15 +180,19 @@ def story_config(
     prometheus_url: str,
     handover: bool = True,
     start_delay_seconds: float = 20.0,
+    pod_networks: list[str] | None = None,
 ) -> dict[str, Any]:
+    """The agent's configuration; with ``pod_networks`` (one CIDR per cloud) each rented
+    replica gets an address of its own and traffic follows the pods (EndpointSlices)."""
     clouds = [
         {
             **cloud,
             "offers": [
                 {**offer, "startup_seconds": start_delay_seconds} for offer in cloud["offers"]
             ],
+            **({"pod_network": pod_networks[index]} if pod_networks else {}),
         }
-        for cloud in CLOUDS
+        for index, cloud in enumerate(CLOUDS)
     ]
     return {
         "node": {"name": NODE_NAME, "address": "127.0.0.1"},
@@ -180,10 +215,30 @@ def story_config(
             "close_after_seconds": 10,
             "handover": {"enabled": handover, "interval_seconds": 1},
         },
+        "endpoint_slices": {"enabled": bool(pod_networks)},
     }
 
 
-def inference_deployment(replicas: int) -> dict[str, Any]:
+def free_pod_networks(count: int) -> list[str] | None:
+    """``count`` /24s of ``POD_NETWORKS`` that overlap nothing of this machine's, or None when
+    pod networks cannot be made here (they need root and iproute2)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return None
+    try:
+        busy = netns.networks_in_use()
+    except (netns.NetnsUnavailable, RuntimeError):
+        return None
+    free = [
+        str(candidate)
+        for candidate in POD_NETWORKS.subnets(new_prefix=24)
+        if not any(candidate.overlaps(network) for network in busy)
+    ]
+    return free[:count] if len(free) >= count else None
+
+
+def inference_deployment(replicas: int, *, serve_http: bool = False) -> dict[str, Any]:
+    """The inference replicas; with ``serve_http`` each serves HTTP on ``HTTP_PORT`` (a
+    declared port named ``http``) and is Ready once its readiness probe gets an answer."""
     deployment = w.gpu_deployment(
         "infer",
         namespace=NAMESPACE,
@@ -196,7 +251,27 @@ def inference_deployment(replicas: int) -> dict[str, Any]:
     container["env"] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     ]
+    if serve_http:
+        container["env"].append({"name": "HTTP_PORT", "value": str(HTTP_PORT)})
+        container["ports"] = [{"name": "http", "containerPort": HTTP_PORT}]
+        container["readinessProbe"] = {
+            "httpGet": {"path": "/", "port": "http"},
+            "periodSeconds": 1,
+        }
     return deployment
+
+
+def inference_service() -> dict[str, Any]:
+    """A Service over the inference replicas: its slices follow them wherever they run."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": SERVICE, "namespace": NAMESPACE},
+        "spec": {
+            "selector": {"app": "infer"},
+            "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
+        },
+    }
 
 
 def picture_path(name: str) -> Path:
@@ -220,6 +295,7 @@ class Story:
         picture: Path,
         agent: subprocess.Popen[bytes],
         log_path: Path,
+        serve_http: bool = False,
     ) -> None:
         self.parts, self.api = parts, parts.api
         self.options = options
@@ -233,6 +309,7 @@ class Story:
         self.start = time.monotonic()
         self.held_seconds = 0.0
         self.arrived_at = 0
+        self.serve_http = serve_http
 
     def sample(self) -> Sample:
         pods = self.api.items(w.pods_path(NAMESPACE))
@@ -272,6 +349,42 @@ class Story:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the story got stuck at {self.phase!r}; see {self.log_path}")
             self.stop.wait(self.options.sample_seconds)
+
+    def _rented_endpoints(self) -> list[str]:
+        """The ready endpoints the agent published for the Service (address:port)."""
+        selector = f"kubernetes.io/service-name={SERVICE},{MANAGED_BY_LABEL}={MANAGED_BY}"
+        found = []
+        for slice_ in self.api.items(SLICES_PATH, labelSelector=selector):
+            for port in slice_.get("ports") or []:
+                for endpoint in slice_.get("endpoints") or []:
+                    if (endpoint.get("conditions") or {}).get("ready"):
+                        found += [f"{a}:{port['port']}" for a in endpoint.get("addresses") or []]
+        return sorted(found)
+
+    def _show_traffic(self) -> None:
+        """Once the Service's slices list every rented replica: what ``kubectl get
+        endpointslices`` shows, and one request to each listed endpoint."""
+        deadline = time.monotonic() + 60
+        while len(endpoints := self._rented_endpoints()) < self.options.replicas:
+            if time.monotonic() > deadline or self.stop.wait(1.0):
+                self.out.print(f"  Service {SERVICE}: {len(endpoints)} rented endpoints ready")
+                return
+        kubectl = shutil.which("kubectl", path=f"{Path(sys.executable).parent}:{os.defpath}")
+        if kubectl is not None:
+            shown = subprocess.run(
+                [kubectl, "--kubeconfig", str(self.parts.cluster.kubeconfig), *SLICES_ARGS],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            self.out.print(f"  $ {SLICES_COMMAND}", highlight=False)
+            for row in (shown.stdout or shown.stderr).splitlines():
+                self.out.print(f"  {row}", highlight=False)
+        for endpoint in endpoints:
+            try:
+                with urllib.request.urlopen(f"http://{endpoint}/", timeout=5) as answer:
+                    said = answer.read().decode().strip()
+            except OSError as exc:
+                said = f"no answer ({exc})"
+            self.out.print(f"  GET http://{endpoint}/ -> {said}", highlight=False)
 
     def draw(self) -> None:
         self.picture.parent.mkdir(parents=True, exist_ok=True)
@@ -343,6 +456,8 @@ class Story:
         self.until(lambda s: s.overflow == "open" and s.virtual == replicas)
         self.enter("inference on rented GPUs")
         held = time.monotonic() + self.options.training_seconds
+        if self.serve_http:
+            self._show_traffic()
         self.until(lambda s: time.monotonic() >= held)
         self.enter("training ends")
         if self._through_kueue:
@@ -405,6 +520,10 @@ def run_story(
         token_file = cluster.directory / "rest-token"
         token_file.write_text(secrets.token_urlsafe(24))
         token_file.chmod(0o600)
+        # Traffic follows the pods when each rented replica can have an address of its own.
+        pod_networks = free_pod_networks(len(CLOUDS))
+        if pod_networks is None:
+            say("  (not root: rented replicas get no address of their own, so no traffic)")
         config = story_config(
             kubelet_port=kubelet_port,
             rest_port=rest_port,
@@ -414,6 +533,7 @@ def run_story(
             prometheus_url=parts.prometheus.url,
             handover=options.handover,
             start_delay_seconds=options.start_delay_seconds,
+            pod_networks=pod_networks,
         )
         config_path.write_text(yaml.safe_dump(config))
         # Inference first, at home, so the flip's first reading already sees pods (requests
@@ -422,7 +542,12 @@ def run_story(
         api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}}, exist_ok=True)
         api.create(w.PRIORITY_CLASSES, w.priority_class(INFERENCE, 100), exist_ok=True)
         api.create(w.PRIORITY_CLASSES, w.priority_class(TRAINING, 1000), exist_ok=True)
-        api.create(w.deployments_path(NAMESPACE), inference_deployment(options.replicas))
+        serve_http = pod_networks is not None
+        api.create(
+            w.deployments_path(NAMESPACE),
+            inference_deployment(options.replicas, serve_http=serve_http),
+        )
+        api.create(f"/api/v1/namespaces/{NAMESPACE}/services", inference_service())
         api.create(
             w.pdbs_path(NAMESPACE),
             w.pod_disruption_budget("infer", namespace=NAMESPACE, app="infer"),
@@ -451,6 +576,9 @@ def run_story(
         out.print("  Watch from another terminal:", highlight=False)
         out.print(f"    export PATH={bin_dir}:$PATH KUBECONFIG={kubeconfig}", highlight=False)
         out.print(f"    kubectl get pods -n {NAMESPACE} -o wide -w", highlight=False)
+        out.print(
+            f"    {SLICES_COMMAND}   # where Service {SERVICE} sends traffic", highlight=False
+        )
         story = Story(
             parts,
             options=options,
@@ -459,6 +587,7 @@ def run_story(
             picture=picture,
             agent=agent,
             log_path=log_path,
+            serve_http=serve_http,
         )
         try:
             story.run()
@@ -491,6 +620,7 @@ def run_story(
         out.print(
             "  vk-provider overflow; vk-provider pods; vk-provider providers", highlight=False
         )
+        out.print(f"  {SLICES_COMMAND}", highlight=False)
         out.print("\nPress Ctrl-C to stop everything.")
         while not stop.is_set():
             if agent.poll() is not None:
