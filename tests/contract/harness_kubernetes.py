@@ -7,7 +7,8 @@ for real but never scheduled, which is all the contract suite needs. Offers are 
 empty there; ``offer()`` builds a CPU-only offer of the adapter's own sku format.
 
 Each ``running()`` gets a fresh namespace and talks to B as a ServiceAccount with only the
-rights the adapter needs (the RBAC an operator would grant; see ``_grant``), through a bearer
+rights the adapter needs (the RBAC an operator would grant; see ``_grant``; with ``expose:
+node-port``, so each launch also makes its Service, under the services rights), through a bearer
 token — so the token path of the kubeconfig parser is exercised, and authorisation failures are
 real RBAC refusals. Native states are written through the pods' ``/status`` subresource with
 the admin credentials, as a kubelet would. The workload is a whole pod (two app containers,
@@ -73,6 +74,8 @@ NAMESPACE_RULES: list[dict[str, Any]] = [
     },
     {"apiGroups": ["metrics.k8s.io"], "resources": ["pods"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch", "delete"]},
+    # expose: node-port (the harness's): each pod's Service; B's garbage collector deletes it.
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "get", "list", "patch"]},
 ]
 
 _lock = threading.Lock()
@@ -356,6 +359,8 @@ class KubernetesHarness:
                         "namespace": namespace,
                         "gpu_price_per_hour": 1.0,
                         "cpu_price_per_hour": 0.05,
+                        # Every launch makes its Service too, under exactly the rights above.
+                        "expose": "node-port",
                     }
                 )
                 access = load_kubeconfig(kubeconfig.read_text())

@@ -671,3 +671,266 @@ BUSY = [
     "import time\nwhile True:\n    end = time.time() + 0.05\n    while time.time() < end: pass\n"
     "    time.sleep(0.05)\n",
 ]
+
+
+# --------------------------------------------------------------------------- ports (expose)
+# A's agent writes EndpointSlices (endpoint_slices.enabled) for a Service of A over the pod,
+# from the endpoints the adapter reads in B. B's agent runs the pods with ``local.address``
+# the veth's host address, so B's pod carries that address as its podIP (every declared port
+# 1:1 there) and a process listening on every address is reached there from the test's
+# network namespace, a client of the clusters.
+
+WEB = """
+import http.server, sys, threading, time
+name, ports = sys.argv[1], [int(p) for p in sys.argv[2:]]
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"{name}:{self.server.server_address[1]}".encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body)))
+        self.end_headers(); self.wfile.write(body)
+    def log_message(self, *args): pass
+for port in ports:
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+print("serving", flush=True)
+while True: time.sleep(1)
+"""
+SLICES = "endpointslice.kubernetes.io/managed-by=vk-provider.io"
+
+
+@pytest.fixture
+def exposing(
+    agents: AgentHarness,
+    agents_b: AgentHarness,
+    api: KubeClient,
+    api_b: KubeClient,
+    cluster_b: LocalCluster,
+    kube_b: ApiClient,
+    node_link: netns.VethNamespace,
+) -> Any:
+    """Starts the bridge with A's provider settings extended by ``settings`` (``expose``):
+    B's agent on the veth's host address (its node's InternalIP, and its local provider's
+    ``address``), A's agent writing EndpointSlices."""
+
+    async def start(**settings: Any) -> Bridge:
+        local = {"name": "local-a", "offers": B_OFFERS, "address": node_link.host_address}
+        agent_b = start_agent_on(agents_b, cluster_b, node_link, providers=[local])
+        await _node_with_gpus(api_b, agent_b)
+        remote_namespace = await _remote_namespace(kube_b)
+        # A's agent with the traffic rights (the harness grants them with endpoint_slices).
+        agent_a = agents.start(
+            start=False,
+            intervals={"offers_ttl_seconds": 2},
+            endpoint_slices={"enabled": True, "resync_seconds": 0.5},
+        )
+        config_a = yaml.safe_load(agent_a.config_path.read_text())
+        config_a["providers"] = [_kubernetes_provider(cluster_b, remote_namespace) | settings]
+        agent_a.config_path.write_text(yaml.safe_dump(config_a))
+        agent_a.provider_entries = []
+        agent_a.start()
+        await _node_with_gpus(api, agent_a)
+        return Bridge(agent_a=agent_a, agent_b=agent_b, remote_namespace=remote_namespace)
+
+    return start
+
+
+async def _serve_on_a(kube: ApiClient, namespace: str, node: str, name: str) -> dict[str, int]:
+    """A pod on A's virtual node serving HTTP on two declared ports, and a Service of A over
+    its ``http`` port; the ports by name."""
+    ports = {"http": free_port(), "admin": free_port()}
+    pod = pod_on(
+        node,
+        name,
+        command=[PY, "-c", WEB, name, *(str(p) for p in ports.values())],
+        metadata={"labels": {"app": name}},
+        container={"ports": [{"name": n, "containerPort": p} for n, p in ports.items()]},
+    )
+    core = client.CoreV1Api(kube)
+    await core.create_namespaced_service(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name},
+            "spec": {"selector": {"app": name}, "ports": [{"port": 80, "targetPort": "http"}]},
+        },
+    )
+    await core.create_namespaced_pod(namespace, pod)
+    return ports
+
+
+async def _listed(api: KubeClient, namespace: str, service: str) -> list[tuple[str, int, bool]]:
+    """(address, port, ready) of each endpoint of A's slices for ``service`` (one port)."""
+    body = await api.request(
+        "GET",
+        f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+        query={"labelSelector": f"{SLICES},kubernetes.io/service-name={service}"},
+    )
+    found = []
+    for slice_ in body.get("items") or []:
+        (port,) = slice_["ports"]
+        for endpoint in slice_["endpoints"]:
+            (address,) = endpoint["addresses"]
+            found.append((address, port["port"], bool(endpoint["conditions"]["ready"])))
+    return found
+
+
+async def _reached_from(link: netns.VethNamespace, address: str, port: int) -> str:
+    """An HTTP GET from inside the test's network namespace, once it answers."""
+    script = (
+        "import sys, urllib.request\n"
+        "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+    )
+    url = f"http://{address}:{port}/"
+
+    async def answered() -> str | None:
+        done = subprocess.run(
+            ["ip", "netns", "exec", link.namespace, PY, "-c", script, url],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    return await wait_for(answered, timeout=30, interval=0.5, what=f"an answer from {url}")
+
+
+async def _gone_in_b(kube_b: ApiClient, namespace: str, name: str) -> None:
+    """The remote pod and its Service are gone (B's garbage collector removes the Service)."""
+    core_b = client.CoreV1Api(kube_b)
+
+    async def gone() -> bool:
+        pods = await core_b.list_namespaced_pod(namespace)
+        services = await core_b.list_namespaced_service(namespace)
+        return not pods.items and all(s.metadata.name != name for s in services.items)
+
+    await wait_for(gone, timeout=60, interval=0.5, what=f"pod and service {name} gone from B")
+
+
+async def test_flat_reaches_the_pod_at_bs_pod_ip_and_its_own_port(
+    exposing: Any,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    kube_b: ApiClient,
+    node_link: netns.VethNamespace,
+) -> None:
+    bridge = await exposing(expose="flat")
+    ports = await _serve_on_a(kube, namespace, bridge.agent_a.node, "flat")
+    pod_a = await _running(api, namespace, "flat", bridge.agent_a)
+
+    async def listed() -> list[tuple[str, int, bool]] | None:
+        found = await _listed(api, namespace, "flat")
+        return found if found and all(ready for _, _, ready in found) else None
+
+    (endpoint,) = await wait_for(listed, timeout=90, interval=0.5, what="flat's endpoint")
+    (remote,) = await _remote_pods(kube_b, bridge.remote_namespace)
+    assert remote["status"]["podIP"] == node_link.host_address  # B's local provider, 1:1
+    assert endpoint[:2] == (remote["status"]["podIP"], ports["http"])
+    assert await _reached_from(node_link, *endpoint[:2]) == f"flat:{ports['http']}"
+    # Every port 1:1 at one address: A's pod carries it as its podIP too.
+    pod_a = await api.get_pod(namespace, "flat")
+    assert pod_a is not None and pod_a["status"].get("podIP") == node_link.host_address
+    services_b = await client.CoreV1Api(kube_b).list_namespaced_service(bridge.remote_namespace)
+    assert services_b.items == []  # flat makes nothing in B
+
+
+async def test_node_port_makes_a_service_in_b_reported_at_a_nodes_address(
+    exposing: Any,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    kube_b: ApiClient,
+    node_link: netns.VethNamespace,
+) -> None:
+    # B's only node is its virtual node (no kube-proxy: the node port itself is not served in
+    # this test), so the selector that leaves virtual nodes out is cleared.
+    bridge = await exposing(expose="node-port", node_selector="")
+    ports = await _serve_on_a(kube, namespace, bridge.agent_a.node, "np")
+    pod_a = await _running(api, namespace, "np", bridge.agent_a)
+    (remote,) = await _remote_pods(kube_b, bridge.remote_namespace)
+    name = remote["metadata"]["name"]
+    service = kube_b.sanitize_for_serialization(
+        await client.CoreV1Api(kube_b).read_namespaced_service(name, bridge.remote_namespace)
+    )
+    (owner,) = service["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", name, remote["metadata"]["uid"])
+    spec = service["spec"]
+    assert spec["type"] == "NodePort" and spec["externalTrafficPolicy"] == "Cluster"
+    assert spec["selector"] == {
+        "vk-provider.io/managed-by": PROVIDER,
+        "vk-provider.io/instance": name,
+    }
+    assert all(remote["metadata"]["labels"][k] == v for k, v in spec["selector"].items())
+    assert [(p["name"], p["protocol"], p["port"], p["targetPort"]) for p in spec["ports"]] == [
+        (n, "TCP", p, p) for n, p in ports.items()
+    ]
+    node_ports = {p["name"]: p["nodePort"] for p in spec["ports"]}
+    assert all(30000 <= port <= 32767 for port in node_ports.values())  # as B assigned them
+    # B selects the remote pod: its own EndpointSlice lists it.
+    node_b = await client.CoreV1Api(kube_b).read_node(bridge.agent_b.node)
+    addresses = {a.type: a.address for a in node_b.status.addresses}
+    assert addresses["InternalIP"] == node_link.host_address
+
+    async def listed() -> list[tuple[str, int, bool]] | None:
+        found = await _listed(api, namespace, "np")
+        return found if found and all(ready for _, _, ready in found) else None
+
+    (endpoint,) = await wait_for(listed, timeout=90, interval=0.5, what="np's endpoint")
+    assert endpoint[:2] == (addresses["InternalIP"], node_ports["http"])
+    # The ports are mapped: A's pod carries no podIP (the cluster's own slices leave it out).
+    pod_a = await api.get_pod(namespace, "np")
+    assert pod_a is not None and not pod_a["status"].get("podIP")
+
+    await client.CoreV1Api(kube).delete_namespaced_pod("np", namespace)
+    await _gone_in_b(kube_b, bridge.remote_namespace, name)
+
+
+async def test_load_balancer_is_listed_once_b_assigns_it_and_reaches_the_pod(
+    exposing: Any,
+    api: KubeClient,
+    kube: ApiClient,
+    namespace: str,
+    kube_b: ApiClient,
+    node_link: netns.VethNamespace,
+) -> None:
+    bridge = await exposing(expose="load-balancer")
+    ports = await _serve_on_a(kube, namespace, bridge.agent_a.node, "lb")
+    await _running(api, namespace, "lb", bridge.agent_a)
+    (remote,) = await _remote_pods(kube_b, bridge.remote_namespace)
+    name = remote["metadata"]["name"]
+    core_b = client.CoreV1Api(kube_b)
+    service = await core_b.read_namespaced_service(name, bridge.remote_namespace)
+    assert service.spec.type == "LoadBalancer"
+    assert not service.status.load_balancer.ingress  # no cloud controller in B
+
+    # The agent saw the ready pod and found no endpoint for the Service's port: a Warning
+    # (so it has looked), and no slice.
+    async def warned() -> bool:
+        events = await client.CoreV1Api(kube).list_namespaced_event(
+            namespace, field_selector="reason=PortNotExposed"
+        )
+        return any(e.involved_object.name == "lb" for e in events.items)
+
+    await wait_for(warned, timeout=90, interval=0.5, what="a PortNotExposed Warning on lb")
+    assert await _listed(api, namespace, "lb") == []
+
+    # What a cloud controller writes once its load balancer is up (here: the address the
+    # process is reached at from the test's network namespace).
+    await core_b.patch_namespaced_service_status(
+        name,
+        bridge.remote_namespace,
+        {"status": {"loadBalancer": {"ingress": [{"ip": node_link.host_address}]}}},
+    )
+
+    async def listed() -> list[tuple[str, int, bool]] | None:
+        found = await _listed(api, namespace, "lb")
+        return found if found and all(ready for _, _, ready in found) else None
+
+    (endpoint,) = await wait_for(listed, timeout=60, interval=0.5, what="lb's endpoint")
+    assert endpoint[:2] == (node_link.host_address, ports["http"])
+    assert await _reached_from(node_link, *endpoint[:2]) == f"lb:{ports['http']}"
+
+    await client.CoreV1Api(kube).delete_namespaced_pod("lb", namespace)
+    await _gone_in_b(kube_b, bridge.remote_namespace, name)

@@ -10,6 +10,7 @@ Retries never sleep: the ``RetryPolicy`` records the waits it would have made.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pydantic
 import pytest
 import yaml
 from cryptography import x509
@@ -43,22 +45,31 @@ from vk_provider.domain.errors import (
     RateLimited,
     Transient,
 )
-from vk_provider.domain.models import EnvVar, InstanceState, LogOptions, Offer, Port, WorkloadSpec
+from vk_provider.domain.models import (
+    EnvVar,
+    Instance,
+    InstanceState,
+    LogOptions,
+    Offer,
+    Port,
+    WorkloadSpec,
+)
 from vk_provider.domain.redact import Redactor
 from vk_provider.settings.secrets import ConfigError
-from vk_provider_adapters.kubernetes import states
+from vk_provider_adapters.kubernetes import endpoints, states
 from vk_provider_adapters.kubernetes.adapter import DEFAULT_RETRY, KubernetesProvider
 from vk_provider_adapters.kubernetes.config import KubernetesProviderConfig
 from vk_provider_adapters.kubernetes.failures import ApiFailure, Call, api_failure, classify_failure
 from vk_provider_adapters.kubernetes.kubeconfig import KubeconfigError, load_kubeconfig
 from vk_provider_adapters.kubernetes.logs import LineSplitter, log_params
-from vk_provider_adapters.kubernetes.manifests import build_pod, build_secret
+from vk_provider_adapters.kubernetes.manifests import build_pod, build_secret, service_ports
 from vk_provider_adapters.kubernetes.names import (
     ANN_ATTEMPT,
     ANN_OFFER,
     ANN_POD_UID,
     ANN_PRICE,
     LABEL_ATTEMPT,
+    LABEL_INSTANCE,
     LABEL_MANAGED_BY,
     LABEL_POD_UID,
     label_value,
@@ -77,6 +88,7 @@ from vk_provider_adapters.kubernetes.offers import (
     pod_requests,
     read_quantity,
 )
+from vk_provider_adapters.kubernetes.plugin import requirements
 from vk_provider_adapters.kubernetes.states import observe, parse_instance
 from vk_provider_adapters.payload import MalformedResponse
 
@@ -269,19 +281,91 @@ class Sleeps:
 Handler = Callable[[httpx.Request], httpx.Response | None]
 
 
+def _selects(selector: str, labels: dict[str, str]) -> bool:
+    """A label selector's equality-based and existence terms, as the API server reads them."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _merge_patch(target: JSON, patch: JSON) -> JSON:
+    """RFC 7386, as ``application/merge-patch+json`` is applied: objects merge, null removes,
+    anything else (lists included) replaces."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge_patch(target[key], value)
+        else:
+            target[key] = value
+    return target
+
+
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName")
+
+
+def _invalid_service(service: JSON) -> httpx.Response | None:
+    """The 422 B answers for a Service it would refuse (the checks this adapter could fail)."""
+    name = service["metadata"]["name"]
+    spec = service.get("spec") or {}
+    causes: list[JSON] = []
+    if len(name) > 63 or not _DNS_1035.fullmatch(name):
+        causes.append({"field": "metadata.name", "message": "a DNS-1035 label is required"})
+    if spec.get("type", "ClusterIP") not in _SERVICE_TYPES:
+        causes.append({"field": "spec.type", "message": "Unsupported value"})
+    ports = spec.get("ports") or []
+    names: set[str] = set()
+    keys: set[tuple[int, str]] = set()
+    for index, port in enumerate(ports):
+        port_name = port.get("name") or ""
+        if len(ports) > 1 and not port_name:
+            causes.append({"field": f"spec.ports[{index}].name", "message": "Required value"})
+        if port_name in names:
+            causes.append({"field": f"spec.ports[{index}].name", "message": "Duplicate value"})
+        key = (port.get("port"), port.get("protocol", "TCP"))
+        if key in keys:
+            causes.append({"field": f"spec.ports[{index}]", "message": "Duplicate value"})
+        names.add(port_name)
+        keys.add(key)
+    if not causes:
+        return None
+    detail = ", ".join(f"{c['field']}: {c['message']}" for c in causes)
+    return _status(
+        422, "Invalid", f'Service "{name}" is invalid: {detail}', kind="Service", causes=causes
+    )
+
+
 class FakeApi:
-    """Cluster B's API for the adapter: pods and secrets in dicts, failures on demand."""
+    """Cluster B's API for the adapter: pods, secrets and services in dicts, failures on
+    demand. Services get a clusterIP and, for NodePort and LoadBalancer, a nodePort per port
+    (kept across updates, as the API server keeps them); deleting a pod removes what it owns
+    (B's garbage collector, at once)."""
 
     def __init__(self) -> None:
         self.requests: list[httpx.Request] = []
         self.namespaces: set[str] = {NAMESPACE}
         self.pods: dict[str, JSON] = {}
         self.secrets: dict[str, JSON] = {}
+        self.services: dict[str, JSON] = {}
         self.nodes: list[JSON] = []
         self.cluster_pods: list[JSON] = []
         self.overrides: list[Handler] = []  # consulted first; return None to pass
         self.log_body = b""
         self._uids = 0
+        self._node_ports = 30000
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
@@ -289,16 +373,52 @@ class FakeApi:
     def calls(self) -> list[str]:
         return [f"{r.method} {r.url.path}" for r in self.requests]
 
+    def _allocate(self, service: JSON, old: JSON | None = None) -> None:
+        spec = service.setdefault("spec", {})
+        spec.setdefault("type", "ClusterIP")
+        spec.setdefault("clusterIP", f"10.96.0.{self._uids}")
+        service.setdefault("status", {"loadBalancer": {}})
+        if spec["type"] not in ("NodePort", "LoadBalancer"):
+            return
+        kept = {
+            (p["port"], p.get("protocol", "TCP")): p["nodePort"]
+            for p in ((old or {}).get("spec") or {}).get("ports") or []
+            if p.get("nodePort")
+        }
+        for port in spec.get("ports") or []:
+            port.setdefault("protocol", "TCP")
+            if not port.get("nodePort"):
+                key = (port["port"], port["protocol"])
+                if key not in kept:
+                    self._node_ports += 1
+                    kept[key] = self._node_ports
+                port["nodePort"] = kept[key]
+
+    def _collect_garbage(self, owner: JSON) -> None:
+        uid = owner["metadata"].get("uid")
+        for store in (self.secrets, self.services):
+            for name, dependent in list(store.items()):
+                owners = dependent["metadata"].get("ownerReferences") or []
+                if any(o.get("uid") == uid for o in owners):
+                    del store[name]
+
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         for override in self.overrides:
             answer = override(request)
             if answer is not None:
                 return answer
+        return self.serve(request)
+
+    def serve(self, request: httpx.Request) -> httpx.Response:
+        """What B answers, overrides aside (an override may let a request through and lose
+        the answer)."""
         path = request.url.path
         parts = path.strip("/").split("/")
+        selector = request.url.params.get("labelSelector", "")
         if path == "/api/v1/nodes":
-            return httpx.Response(200, json={"kind": "NodeList", "items": self.nodes})
+            nodes = [n for n in self.nodes if _selects(selector, n["metadata"].get("labels", {}))]
+            return httpx.Response(200, json={"kind": "NodeList", "items": nodes})
         if path == "/api/v1/pods":
             return httpx.Response(200, json={"kind": "PodList", "items": self.cluster_pods})
         if path == "/api/v1/namespaces" and request.method == "POST":
@@ -314,7 +434,8 @@ class FakeApi:
             return _status(404, "NotFound", f'serviceaccounts "{parts[5]}" not found')
         if len(parts) >= 5 and parts[:3] == ["api", "v1", "namespaces"]:
             namespace, kind = parts[3], parts[4]
-            store = self.pods if kind == "pods" else self.secrets
+            store = {"pods": self.pods, "services": self.services}.get(kind, self.secrets)
+            list_kind = {"pods": "PodList", "services": "ServiceList"}.get(kind, "SecretList")
             name = parts[5] if len(parts) > 5 else None
             if request.method == "POST" and name is None:
                 body = json.loads(request.content)
@@ -325,17 +446,23 @@ class FakeApi:
                 name = body["metadata"]["name"]
                 if name in store:
                     return _status(409, "AlreadyExists", f'{kind} "{name}" already exists')
+                if kind == "services" and (refused := _invalid_service(body)) is not None:
+                    return refused
                 self._uids += 1
                 body["metadata"]["uid"] = f"uid-{self._uids}"
                 if kind == "pods":
                     body.setdefault("status", {"phase": "Pending"})
+                if kind == "services":
+                    self._allocate(body)
                 store[name] = body
                 return httpx.Response(201, json=body)
             if request.method == "GET" and name is None:
-                selector = request.url.params.get("labelSelector", "")
-                key, _, value = selector.partition("=")
-                items = [p for p in store.values() if p["metadata"]["labels"].get(key) == value]
-                return httpx.Response(200, json={"kind": "PodList", "items": items})
+                items = [
+                    p
+                    for p in store.values()
+                    if _selects(selector, p["metadata"].get("labels") or {})
+                ]
+                return httpx.Response(200, json={"kind": list_kind, "items": items})
             assert name is not None
             if len(parts) == 7 and parts[6] == "log":
                 if name not in store:
@@ -347,13 +474,15 @@ class FakeApi:
                 return httpx.Response(200, json=store[name])
             if request.method == "DELETE":
                 gone = store.pop(name)
+                self._collect_garbage(gone)
                 return httpx.Response(200, json=gone)
             if request.method == "PATCH":
-                patch = json.loads(request.content)
-                target = store[name]
-                for section, values in patch.items():
-                    target.setdefault(section, {}).update(values)
-                return httpx.Response(200, json=target)
+                assert request.headers["Content-Type"] == "application/merge-patch+json"
+                old = json.loads(json.dumps(store[name]))
+                patched = _merge_patch(store[name], json.loads(request.content))
+                if kind == "services":
+                    self._allocate(patched, old)
+                return httpx.Response(200, json=patched)
         return _status(404, "NotFound", "the server could not find the requested resource")
 
 
@@ -831,6 +960,7 @@ def test_the_pod_carries_the_workload_and_its_identity() -> None:
         LABEL_MANAGED_BY: PROVIDER,
         LABEL_POD_UID: UID,
         LABEL_ATTEMPT: "0",
+        LABEL_INSTANCE: pod_name(spec),  # what its Service selects, unique to it
     }
     assert metadata["annotations"][ANN_OFFER] == f"{PROVIDER}/1gpu.8cpu.32gib/remote"
     assert float(metadata["annotations"][ANN_PRICE]) == pytest.approx(2.4)
@@ -2554,3 +2684,552 @@ def test_a_kubeconfig_server_must_be_https_unless_loopback_and_allowed(
     with pytest.raises(KubeconfigError, match="context 'b'") as raised:
         load_kubeconfig(text, allow_insecure_loopback=allowed)
     assert TOKEN not in str(raised.value)
+
+
+# --- endpoints: where cluster A reaches the declared ports (config.expose) -----------------
+
+
+def _ported_spec() -> WorkloadSpec:
+    """A whole pod declaring ports in every kind of container: named and unnamed, UDP, one
+    declared twice, and one on a plain init container (which serves nothing once the pod runs)."""
+    spec = _whole_spec()
+    train, exporter = spec.containers
+    fetch, proxy = spec.init_containers
+    return dataclasses.replace(
+        spec,
+        containers=(
+            dataclasses.replace(train, ports=(Port(8080, "TCP", "http"), Port(5353, "UDP"))),
+            dataclasses.replace(exporter, ports=(Port(9100), Port(8080, "TCP"))),
+        ),
+        init_containers=(
+            dataclasses.replace(fetch, ports=(Port(7000),)),
+            dataclasses.replace(proxy, ports=(Port(15000, "TCP", "proxy"),)),
+        ),
+    )
+
+
+# (containerPort, protocol) the pod of ``_ported_spec`` exposes, sidecars first as in B's spec.
+PORTED = [(15000, "TCP"), (8080, "TCP"), (5353, "UDP"), (9100, "TCP")]
+
+
+def _address(kind: str, address: str) -> JSON:
+    return {"type": kind, "address": address}
+
+
+def _b_node(
+    name: str,
+    *addresses: JSON,
+    ready: bool = True,
+    unschedulable: bool = False,
+    labels: dict[str, str] | None = None,
+) -> JSON:
+    node = _node(name, ready=ready, unschedulable=unschedulable, labels=labels)
+    node["status"]["addresses"] = list(addresses)
+    return node
+
+
+def _runs(fake: FakeApi, name: str, pod_ip: str = "10.244.1.7") -> None:
+    """What B's kubelet writes once the pod runs."""
+    fake.pods[name]["status"] = {
+        "phase": "Running",
+        "podIP": pod_ip,
+        "podIPs": [{"ip": pod_ip}],
+        "startTime": "2026-03-13T20:00:00Z",
+    }
+
+
+@contextlib.asynccontextmanager
+async def _exposing(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps, **config: Any
+) -> AsyncIterator[KubernetesProvider]:
+    adapter = KubernetesProvider(
+        _config(monkeypatch, **config),
+        transport=fake.transport(),
+        retry=dataclasses.replace(DEFAULT_RETRY, sleep=sleeps),
+    )
+    try:
+        yield adapter
+    finally:
+        await adapter.close()
+
+
+def _reached(instance: Instance) -> set[tuple[int, str, str, int]]:
+    return {(e.container_port, e.protocol, e.address, e.port) for e in instance.endpoints}
+
+
+async def test_by_default_nothing_is_exposed_and_no_service_is_read_or_made(
+    provider: KubernetesProvider, fake: FakeApi
+) -> None:
+    assert _config(pytest.MonkeyPatch()).expose == "none"
+    instance = await provider.create(_ported_spec(), _offer())
+    _runs(fake, instance.instance_id)
+    assert (await provider.get(instance.instance_id)).endpoints == ()
+    (listed,) = await provider.list_ours()
+    assert listed.endpoints == ()
+    assert fake.services == {}
+    assert not [c for c in fake.calls() if "/services" in c or c.endswith("/nodes")]
+
+
+async def test_flat_reports_each_declared_port_at_the_running_pods_ip(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    async with _exposing(monkeypatch, fake, sleeps, expose="flat") as adapter:
+        created = await adapter.create(_ported_spec(), _offer())
+        assert created.endpoints == ()  # Pending: nothing runs, nothing is reached
+        _runs(fake, created.instance_id, "10.244.1.7")
+        got = await adapter.get(created.instance_id)
+        (listed,) = await adapter.list_ours()
+    expected = {(port, protocol, "10.244.1.7", port) for port, protocol in PORTED}
+    assert _reached(got) == _reached(listed) == expected
+    assert len(got.endpoints) == len(PORTED)  # 8080 declared twice, reported once; 7000 not
+    assert fake.services == {}  # flat makes nothing in B
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"phase": "Running"},  # no IP yet
+        {"phase": "Running", "podIP": "127.0.0.1"},  # a virtual node's loopback
+        {"phase": "Running", "podIP": "169.254.3.4"},
+        {"phase": "Succeeded", "podIP": "10.244.1.7"},  # ended: nothing listens
+        {"phase": "Pending", "podIP": "10.244.1.7"},
+    ],
+)
+async def test_flat_reports_nothing_without_a_reachable_ip_on_a_running_pod(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps, status: JSON
+) -> None:
+    async with _exposing(monkeypatch, fake, sleeps, expose="flat") as adapter:
+        created = await adapter.create(_ported_spec(), _offer())
+        fake.pods[created.instance_id]["status"] = status
+        assert (await adapter.get(created.instance_id)).endpoints == ()
+
+
+async def test_node_port_makes_one_service_owned_by_the_pod_selecting_only_it(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    annotations = {"service.beta.kubernetes.io/aws-load-balancer-internal": "true"}
+    async with _exposing(
+        monkeypatch, fake, sleeps, expose="node-port", service_annotations=annotations
+    ) as adapter:
+        spec = _ported_spec()
+        created = await adapter.create(spec, _offer())
+    name = created.instance_id
+    base = f"/api/v1/namespaces/{NAMESPACE}"
+    assert fake.calls() == [f"POST {base}/pods", f"POST {base}/services"]
+    pod, service = fake.pods[name], fake.services[name]
+    assert fake.requests[1].url.params["fieldManager"] == "vk-provider"
+    assert service["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": name,
+            "uid": pod["metadata"]["uid"],
+            "controller": True,
+        }
+    ]
+    assert service["metadata"]["labels"][LABEL_MANAGED_BY] == PROVIDER
+    assert service["metadata"]["annotations"] == annotations
+    selector = service["spec"]["selector"]
+    assert selector == {LABEL_MANAGED_BY: PROVIDER, LABEL_INSTANCE: name}
+    assert all(pod["metadata"]["labels"][k] == v for k, v in selector.items())
+    assert service["spec"]["type"] == "NodePort"
+    assert service["spec"]["externalTrafficPolicy"] == "Cluster"
+    ports = [
+        {k: p[k] for k in ("name", "protocol", "port", "targetPort")}
+        for p in service["spec"]["ports"]
+    ]
+    assert ports == [
+        {"name": "proxy", "protocol": "TCP", "port": 15000, "targetPort": 15000},
+        {"name": "http", "protocol": "TCP", "port": 8080, "targetPort": 8080},
+        {"name": "udp-5353", "protocol": "UDP", "port": 5353, "targetPort": 5353},
+        {"name": "tcp-9100", "protocol": "TCP", "port": 9100, "targetPort": 9100},
+    ]
+
+
+async def test_a_pod_declaring_no_port_gets_no_service(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    spec = _spec()
+    spec = dataclasses.replace(spec, containers=(dataclasses.replace(spec.main, ports=()),))
+    async with _exposing(monkeypatch, fake, sleeps, expose="load-balancer") as adapter:
+        created = await adapter.create(spec, _offer())
+        _runs(fake, created.instance_id)
+        assert (await adapter.get(created.instance_id)).endpoints == ()
+    assert fake.services == {}
+    assert fake.calls() == [
+        f"POST /api/v1/namespaces/{NAMESPACE}/pods",
+        f"GET /api/v1/namespaces/{NAMESPACE}/pods/{created.instance_id}",
+    ]
+
+
+async def test_node_port_is_reported_at_one_ready_nodes_address_and_the_assigned_port(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    fake.nodes = [
+        _b_node("a-down", _address("ExternalIP", "203.0.113.1"), ready=False),
+        _b_node("b-cordoned", _address("ExternalIP", "203.0.113.2"), unschedulable=True),
+        _b_node("c-internal", _address("InternalIP", "10.0.0.3")),
+        _b_node("d-loopback", _address("ExternalIP", "127.0.0.1")),
+        _b_node(
+            "e-public", _address("InternalIP", "10.0.0.5"), _address("ExternalIP", "203.0.113.5")
+        ),
+        _b_node("f-public", _address("ExternalIP", "203.0.113.6")),
+        _b_node(
+            "g-virtual", _address("ExternalIP", "203.0.113.0"), labels={"type": "virtual-kubelet"}
+        ),
+    ]
+    async with _exposing(monkeypatch, fake, sleeps, expose="node-port") as adapter:
+        created = await adapter.create(_ported_spec(), _offer())
+        name = created.instance_id
+        assert created.endpoints == ()
+        _runs(fake, name)
+        got = await adapter.get(name)
+        (listed,) = await adapter.list_ours()
+    assigned = {p["targetPort"]: p["nodePort"] for p in fake.services[name]["spec"]["ports"]}
+    assert sorted(assigned.values()) == [30001, 30002, 30003, 30004]  # as B assigned them
+    expected = {(port, proto, "203.0.113.5", assigned[port]) for port, proto in PORTED}
+    assert _reached(got) == _reached(listed) == expected
+    nodes = [r for r in fake.requests if r.url.path == "/api/v1/nodes"]
+    assert [r.url.params["labelSelector"] for r in nodes] == ["type!=virtual-kubelet"] * 2
+
+
+@pytest.mark.parametrize(
+    ("types", "selector", "address"),
+    [
+        (["InternalIP"], "", "10.0.0.3"),  # c-internal is first by name
+        (["InternalDNS", "ExternalIP"], "", "e.nodes.example"),
+        (["ExternalIP"], "", "203.0.113.0"),  # virtual nodes too, when the operator says so
+        (["ExternalIP"], "pool=edge", None),  # no Ready node of the selector: nothing
+    ],
+)
+async def test_the_node_address_follows_the_types_and_selector_configured(
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeApi,
+    sleeps: Sleeps,
+    types: list[str],
+    selector: str,
+    address: str | None,
+) -> None:
+    fake.nodes = [
+        _b_node("c-internal", _address("InternalIP", "10.0.0.3")),
+        _b_node(
+            "e-public",
+            _address("InternalIP", "10.0.0.5"),
+            _address("ExternalIP", "203.0.113.5"),
+            _address("InternalDNS", "e.nodes.example"),
+        ),
+        _b_node(
+            "a-virtual", _address("ExternalIP", "203.0.113.0"), labels={"type": "virtual-kubelet"}
+        ),
+    ]
+    config = {"expose": "node-port", "node_address_types": types, "node_selector": selector}
+    async with _exposing(monkeypatch, fake, sleeps, **config) as adapter:
+        created = await adapter.create(_spec(), _offer())
+        _runs(fake, created.instance_id)
+        got = await adapter.get(created.instance_id)
+    (node_port,) = [p["nodePort"] for p in fake.services[created.instance_id]["spec"]["ports"]]
+    assert _reached(got) == ({(8080, "TCP", address, node_port)} if address else set())
+
+
+async def test_load_balancer_is_listed_once_b_assigns_an_ingress(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    async with _exposing(monkeypatch, fake, sleeps, expose="load-balancer") as adapter:
+        created = await adapter.create(_ported_spec(), _offer())
+        name = created.instance_id
+        _runs(fake, name)
+        assert fake.services[name]["spec"]["type"] == "LoadBalancer"
+        assert (await adapter.get(name)).endpoints == ()  # no ingress yet
+        # The cloud controller writes status.loadBalancer (ipMode, per-port status included).
+        fake.services[name]["status"] = {
+            "loadBalancer": {
+                "ingress": [
+                    {
+                        "ip": "198.51.100.20",
+                        "ipMode": "VIP",
+                        "ports": [{"port": 5353, "protocol": "UDP", "error": "UDP unsupported"}],
+                    }
+                ]
+            }
+        }
+        got = await adapter.get(name)
+        fake.services[name]["status"] = {
+            "loadBalancer": {"ingress": [{"hostname": "a1b2.elb.example.com"}]}
+        }
+        (by_name,) = await adapter.list_ours()
+    assert _reached(got) == {
+        (port, proto, "198.51.100.20", port) for port, proto in PORTED if port != 5353
+    }
+    assert _reached(by_name) == {(p, proto, "a1b2.elb.example.com", p) for p, proto in PORTED}
+    assert not [r for r in fake.requests if r.url.path == "/api/v1/nodes"]  # not for an LB
+
+
+async def test_list_ours_reads_the_services_and_nodes_once_for_all_pods(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    fake.nodes = [_b_node("n1", _address("InternalIP", "10.0.0.1"))]
+    async with _exposing(monkeypatch, fake, sleeps, expose="node-port") as adapter:
+        names = [(await adapter.create(_spec(attempt=a), _offer())).instance_id for a in (0, 1, 2)]
+        for name in names[:2]:
+            _runs(fake, name)
+        fake.requests.clear()
+        listed = {i.instance_id: i for i in await adapter.list_ours()}
+    base = f"/api/v1/namespaces/{NAMESPACE}"
+    assert fake.calls() == [f"GET {base}/pods", f"GET {base}/services", "GET /api/v1/nodes"]
+    assert fake.requests[1].url.params["labelSelector"] == f"{LABEL_MANAGED_BY}={PROVIDER}"
+    for name in names[:2]:
+        (port,) = fake.services[name]["spec"]["ports"]
+        assert _reached(listed[name]) == {(8080, "TCP", "10.0.0.1", port["nodePort"])}
+    assert listed[names[2]].endpoints == ()  # still Pending
+
+
+async def test_a_service_of_another_pod_of_that_name_is_not_read_and_is_taken_over(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    """An earlier pod of the same name left its Service for B's garbage collector: a create
+    makes it this pod's (owner, selector, ports, type); until then it is not this pod's."""
+    fake.nodes = [_b_node("n1", _address("InternalIP", "10.0.0.1"))]
+    name = pod_name(_spec())
+    stale = {
+        "metadata": {
+            "name": name,
+            "labels": {LABEL_MANAGED_BY: PROVIDER},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": "old"}],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {"app": "x"},
+            "ports": [{"port": 1, "targetPort": 1}],
+        },
+    }
+    fake.services[name] = json.loads(json.dumps(stale))
+    fake.pods[name] = _remote_pod(name)
+    fake.pods[name]["spec"]["containers"][0]["ports"] = [{"containerPort": 8080}]
+    _runs(fake, name)
+    async with _exposing(monkeypatch, fake, sleeps, expose="node-port") as adapter:
+        assert (await adapter.get(name)).endpoints == ()  # owned by "old": not this pod's
+        del fake.pods[name]
+        created = await adapter.create(_spec(), _offer())
+        _runs(fake, name)
+        got = await adapter.get(name)
+    base = f"/api/v1/namespaces/{NAMESPACE}"
+    assert f"PATCH {base}/services/{name}" in fake.calls()
+    service = fake.services[name]
+    assert [o["uid"] for o in service["metadata"]["ownerReferences"]] == [
+        fake.pods[name]["metadata"]["uid"]
+    ]
+    assert service["spec"]["type"] == "NodePort"
+    assert service["spec"]["selector"] == {LABEL_MANAGED_BY: PROVIDER, LABEL_INSTANCE: name}
+    (port,) = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (8080, 8080)
+    assert created.instance_id == name
+    assert _reached(got) == {(8080, "TCP", "10.0.0.1", port["nodePort"])}
+
+
+async def test_a_second_create_keeps_the_service_and_its_node_ports(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    async with _exposing(monkeypatch, fake, sleeps, expose="node-port") as adapter:
+        first = await adapter.create(_spec(), _offer())
+        (before,) = fake.services[first.instance_id]["spec"]["ports"]
+        await adapter.create(_spec(), _offer())
+    (after,) = fake.services[first.instance_id]["spec"]["ports"]
+    assert len(fake.services) == 1
+    assert after["nodePort"] == before["nodePort"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (
+            _status(
+                403,
+                "Forbidden",
+                'services is forbidden: User "system:serviceaccount:vk-work:vk-agent" '
+                'cannot create resource "services" in API group "" in the namespace "vk-work"',
+            ),
+            AuthFailed,
+        ),
+        (
+            _status(
+                403,
+                "Forbidden",
+                'services "vk-x-0" is forbidden: exceeded quota: lbs, requested: '
+                "services.loadbalancers=1, used: services.loadbalancers=2, limited: "
+                "services.loadbalancers=2",
+            ),
+            CapacityUnavailable,
+        ),
+        (
+            _status(500, "InternalError", "failed to allocate a nodePort: range is full"),
+            Transient,
+        ),
+    ],
+)
+async def test_a_service_that_cannot_be_made_fails_the_launch_and_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeApi,
+    sleeps: Sleeps,
+    answer: httpx.Response,
+    error: type[ProviderError],
+) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response | None:
+        if request.method == "POST" and request.url.path.endswith("/services"):
+            return answer
+        return None
+
+    fake.overrides.append(refuse)
+    spec = _spec(env=(EnvVar("API_TOKEN", "hunter2", secret=True),))
+    async with _exposing(monkeypatch, fake, sleeps, expose="load-balancer") as adapter:
+        with pytest.raises(error) as raised:
+            await adapter.create(spec, _offer())
+    assert "create service" in str(raised.value)
+    assert fake.pods == {} and fake.secrets == {} and fake.services == {}
+    name = pod_name(spec)
+    assert fake.calls()[-2:] == [
+        f"DELETE /api/v1/namespaces/{NAMESPACE}/pods/{name}",
+        f"DELETE /api/v1/namespaces/{NAMESPACE}/secrets/{name}",
+    ]
+
+
+async def test_a_service_written_before_its_answer_was_lost_goes_with_the_pod(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    """The POST got through but every answer failed: the launch fails, the pod is deleted,
+    and the Service, owned by it from the start, goes with it (B's garbage collector)."""
+
+    def lose(request: httpx.Request) -> httpx.Response | None:
+        if "/services" in request.url.path:
+            fake.serve(request)  # B did it
+            return _status(503, "ServiceUnavailable", "the server is shutting down")
+        return None
+
+    fake.overrides.append(lose)
+    async with _exposing(monkeypatch, fake, sleeps, expose="node-port") as adapter:
+        with pytest.raises(Transient):
+            await adapter.create(_spec(), _offer())
+    assert fake.pods == {} and fake.services == {}
+
+
+async def test_delete_leaves_the_service_to_bs_garbage_collector(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    """No ``delete`` right on services is needed: the pod owns its Service, and a terminating
+    pod keeps its traffic until it is gone."""
+    async with _exposing(monkeypatch, fake, sleeps, expose="node-port") as adapter:
+        created = await adapter.create(_spec(), _offer())
+        fake.requests.clear()
+        await adapter.delete(created.instance_id, grace_seconds=30)
+    assert not [r for r in fake.requests if "/services" in r.url.path]
+    assert fake.services == {}  # the fake's garbage collector followed the ownerReference
+
+
+async def test_a_terminating_pod_is_still_reached_until_it_stops(
+    monkeypatch: pytest.MonkeyPatch, fake: FakeApi, sleeps: Sleeps
+) -> None:
+    async with _exposing(monkeypatch, fake, sleeps, expose="flat") as adapter:
+        created = await adapter.create(_spec(), _offer())
+        _runs(fake, created.instance_id, "10.244.1.7")
+        fake.pods[created.instance_id]["metadata"]["deletionTimestamp"] = "2026-03-13T20:01:00Z"
+        got = await adapter.get(created.instance_id)
+    assert got.state is InstanceState.TERMINATING
+    assert _reached(got) == {(8080, "TCP", "10.244.1.7", 8080)}
+
+
+async def test_a_failed_read_of_the_services_keeps_the_last_endpoints_and_the_states_flow(
+    monkeypatch: pytest.MonkeyPatch,
+    fake: FakeApi,
+    sleeps: Sleeps,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake.nodes = [_b_node("n1", _address("InternalIP", "10.0.0.1"))]
+    failing = False
+
+    def flaky(request: httpx.Request) -> httpx.Response | None:
+        if failing and "/services" in request.url.path:
+            return _status(500, "InternalError", "etcdserver: request timed out")
+        return None
+
+    fake.overrides.append(flaky)
+    async with _exposing(monkeypatch, fake, sleeps, expose="node-port") as adapter:
+        first = await adapter.create(_spec(), _offer())
+        second = await adapter.create(_spec(attempt=1), _offer())
+        _runs(fake, first.instance_id)
+        (port,) = fake.services[first.instance_id]["spec"]["ports"]
+        assert {i.instance_id: _reached(i) for i in await adapter.list_ours()} == {
+            first.instance_id: {(8080, "TCP", "10.0.0.1", port["nodePort"])},
+            second.instance_id: set(),
+        }
+        failing = True
+        _runs(fake, second.instance_id)
+        fake.pods[first.instance_id]["metadata"]["deletionTimestamp"] = "2026-03-13T20:01:00Z"
+        listed = {i.instance_id: i for i in await adapter.list_ours()}
+        got = await adapter.get(first.instance_id)
+    assert listed[first.instance_id].state is InstanceState.TERMINATING  # states flow on
+    assert _reached(listed[first.instance_id]) == {(8080, "TCP", "10.0.0.1", port["nodePort"])}
+    assert listed[second.instance_id].endpoints == ()  # never read: nothing is invented
+    assert _reached(got) == _reached(listed[first.instance_id])
+    assert "endpoints not read, the last read stand" in caplog.text
+
+
+def test_service_ports_name_every_port_uniquely() -> None:
+    spec = _spec()
+    main = dataclasses.replace(
+        spec.main, ports=(Port(80, "TCP", "tcp-81"), Port(81), Port(81, "UDP"), Port(80, "TCP"))
+    )
+    ports = service_ports(dataclasses.replace(spec, containers=(main,)))
+    assert [(p["name"], p["port"], p["protocol"]) for p in ports] == [
+        ("tcp-81", 80, "TCP"),
+        ("tcp-81-1", 81, "TCP"),  # its own name was taken by a declared one
+        ("udp-81", 81, "UDP"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("address", "ok"),
+    [
+        ("10.1.2.3", True),
+        ("2001:db8::1", True),
+        ("a1b2.elb.us-east-1.amazonaws.com", True),
+        ("127.0.0.1", False),
+        ("::1", False),
+        ("169.254.1.1", False),
+        ("fe80::1", False),
+        ("0.0.0.0", False),  # noqa: S104 (an address checked, never bound)
+        ("224.0.0.1", False),
+        ("Not A Host", False),
+    ],
+)
+def test_only_addresses_another_network_can_reach_are_reported(address: str, ok: bool) -> None:
+    assert endpoints.reachable(address) is ok
+
+
+def test_the_expose_settings_are_checked_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(pydantic.ValidationError, match="expose"):
+        _config(monkeypatch, expose="ingress")
+    with pytest.raises(pydantic.ValidationError, match="node_address_types"):
+        _config(monkeypatch, node_address_types=["InternalIP", "InternalIP"])
+    with pytest.raises(pydantic.ValidationError, match="node_address_types"):
+        _config(monkeypatch, node_address_types=[])
+    config = _config(monkeypatch, expose="node-port")
+    assert (config.node_address_types, config.node_selector) == (
+        ["ExternalIP", "InternalIP"],
+        "type!=virtual-kubelet",
+    )
+
+
+@pytest.mark.parametrize(
+    ("expose", "says"),
+    [
+        ("none", None),
+        ("flat", "must route to the remote cluster's pod network"),
+        ("node-port", "create/get/list/patch on services"),
+        ("load-balancer", "each a cloud load balancer, billed"),
+    ],
+)
+def test_check_config_names_what_each_expose_mode_needs(
+    monkeypatch: pytest.MonkeyPatch, expose: str, says: str | None
+) -> None:
+    notes = requirements(_config(monkeypatch, expose=expose))
+    assert len(notes) == (1 if says is None else 2)
+    assert says is None or says in notes[1]

@@ -6,7 +6,8 @@ for cluster A and is never used here), wrapped by ``remote.RemoteNamespace``. Th
 loaded by kubernetes_asyncio's loader (``vk_provider_adapters.kubernetes.kubeconfig``); names and
 labels are in ``names``, offers in ``offers``, the manifests in ``manifests`` (containers in
 ``containers``, requests and limits in ``resources``), the state table in ``states`` (container
-statuses in ``statuses``), the error table in ``failures``, logs in ``logs``,
+statuses in ``statuses``), the error table in ``failures``, the ports' endpoints in
+``endpoints``, logs in ``logs``,
 exec/attach/port-forward in ``streams`` (the WebSocket channel protocols in ``channels``), usage in
 ``usage``.
 
@@ -22,7 +23,19 @@ owner), then the pod, both in ``config.namespace``; then the Secret gets an owne
 the pod's uid so B's garbage collector removes it with the pod. When the pod cannot be created
 the Secret is deleted again; ``delete`` also deletes it by name (in case an agent died before
 the ownerReference was set). A second create of the same request gets 409 AlreadyExists and
-returns the existing pod once its annotations prove it was made for that request. Retries
+returns the existing pod once its annotations prove it was made for that request.
+
+Ports (``config.expose``, default ``none``: nothing reported). ``flat`` reports each declared
+port at B's pod IP; ``node-port`` and ``load-balancer`` make, right after the pod, its Service
+(``manifests.build_service``), owned by the pod from the start, so B's garbage collector
+removes it with the pod; ``delete`` therefore never deletes it, and a terminating pod keeps
+its traffic until it is gone. When that Service cannot be made, the launch fails and leaves
+nothing behind: the pod is deleted (its Service, if the write got through after all, goes
+with it) and so is the Secret. ``get`` and ``list_ours`` read the endpoints from B's answers
+(``endpoints``): one more read (the Service, or the list of ours) and, for NodePorts, the
+nodes, only while some pod of ours runs with a declared port. When those reads fail, the
+call still answers, with the endpoints last read (a warning says why): the pods' states
+matter more, and a read failing now and then must not take their traffic away. Retries
 live at the transport (``DEFAULT_RETRY``): each request is retried on ``Transient`` and short
 ``RateLimited``; every write is idempotent by name, so a POST whose answer was lost is answered
 by 409 on the retry.
@@ -50,7 +63,9 @@ Rights needed in B (what ``tests/contract/harness_kubernetes.py`` grants, and no
 ``list`` nodes and pods cluster-wide (offers), and in the namespace ``create/get/list/delete``
 pods, ``get`` pods/log, ``create`` pods/exec, pods/attach and pods/portforward (a WebSocket's
 GET is authorised as ``create``), ``get`` pods of ``metrics.k8s.io`` and
-``create/patch/delete`` secrets (``deploy/remote-cluster-rbac.yaml``).
+``create/patch/delete`` secrets (``deploy/remote-cluster-rbac.yaml``); with ``expose:
+node-port`` or ``load-balancer`` also ``create/get/list/patch`` services in the namespace (no
+``delete``: the garbage collector deletes them).
 
 Invariants:
 - The kubeconfig, the token and the client key are never logged nor put into a message; the
@@ -70,7 +85,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Final
 
 import httpx
@@ -85,12 +101,14 @@ from vk_provider.sdk import (
     LogOptions,
     NotFound,
     Offer,
+    PortEndpoint,
     PortStream,
     ProviderError,
     Redactor,
     WorkloadSpec,
 )
 from vk_provider_adapters.http import JsonApi
+from vk_provider_adapters.kubernetes import endpoints
 from vk_provider_adapters.kubernetes.channels import (
     EXEC_PROTOCOL,
     PORT_FORWARD_PROTOCOL,
@@ -111,7 +129,7 @@ from vk_provider_adapters.kubernetes.logs import (
     log_container,
     log_params,
 )
-from vk_provider_adapters.kubernetes.manifests import build_pod, build_secret
+from vk_provider_adapters.kubernetes.manifests import build_pod, build_secret, build_service
 from vk_provider_adapters.kubernetes.names import (
     LABEL_MANAGED_BY,
     is_pod_name,
@@ -134,7 +152,7 @@ from vk_provider_adapters.kubernetes.usage import (
     parse_pod_metrics,
     pod_metrics_path,
 )
-from vk_provider_adapters.payload import MalformedResponse, items
+from vk_provider_adapters.payload import MalformedResponse, items, mapping
 from vk_provider_adapters.transport import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -199,6 +217,8 @@ class KubernetesProvider:
         )
         # CPU counters of the remote containers' runs (``usage``), by pod and container.
         self._cpu: dict[tuple[str, str], CpuCounter] = {}
+        # The endpoints last read of each running pod (``_reach``), by pod name.
+        self._reached: dict[str, tuple[PortEndpoint, ...]] = {}
 
     @property
     def name(self) -> str:
@@ -260,9 +280,13 @@ class KubernetesProvider:
             if secret is not None:
                 await self._remote.forget_secret(name, quietly=True)
             raise
+        service = await self._expose(spec, pod, redact)
         if secret is not None:
             await self._remote.own_secret(secret, pod, redact)
-        return instance
+        (reached,) = await self._reach(
+            [(instance, pod)], services={name: service} if service else {}
+        )
+        return reached
 
     async def get(self, instance_id: str) -> Instance:
         what = f"get pod {instance_id!r}"
@@ -271,7 +295,8 @@ class KubernetesProvider:
             instance = parse_instance(pod, provider=self.name)
         if instance is None:
             raise NotFound(f"pod {instance_id!r} in the cluster is not ours", provider=self.name)
-        return instance
+        (reached,) = await self._reach([(instance, mapping(pod, what))])
+        return reached
 
     async def delete(self, instance_id: str, *, grace_seconds: float) -> None:
         if not is_pod_name(instance_id):
@@ -302,6 +327,7 @@ class KubernetesProvider:
             )
         for key in [k for k in self._cpu if k[0] == instance_id]:
             del self._cpu[key]
+        self._reached.pop(instance_id, None)
         # Normally B's garbage collector removes the Secret with its pod; this covers an
         # agent that died before the Secret got its ownerReference. Quietly: the pod's
         # deletion is what was asked for, and it succeeded.
@@ -315,7 +341,7 @@ class KubernetesProvider:
             call=Call.READ,
             params={"labelSelector": f"{LABEL_MANAGED_BY}={label_value(self.name)}"},
         )
-        found: list[Instance] = []
+        found: list[tuple[Instance, Mapping[str, object]]] = []
         with self._api.readable(what):
             for pod in items(body, what):
                 try:
@@ -324,8 +350,8 @@ class KubernetesProvider:
                     log.warning("provider %s: skipping an unreadable pod: %s", self.name, exc)
                     continue
                 if instance is not None:
-                    found.append(instance)
-        return found
+                    found.append((instance, pod))
+        return await self._reach(found, listed=True)
 
     async def logs(self, instance_id: str, options: LogOptions) -> AsyncIterator[bytes]:
         what = f"logs of pod {instance_id!r}"
@@ -439,6 +465,132 @@ class KubernetesProvider:
         await self._api.aclose()
 
     # --- internals ------------------------------------------------------------------------
+
+    async def _expose(
+        self, spec: WorkloadSpec, pod: Mapping[str, object], redact: Redactor
+    ) -> Mapping[str, object] | None:
+        """The created pod's Service (``expose: node-port`` or ``load-balancer``, some port
+        declared), else None. When it cannot be made, the pod and its Secret are deleted
+        (nothing of a failed launch is left behind) and the error is raised."""
+        name = pod_name(spec)
+        with self._api.readable(f"create pod {name}"):
+            service = build_service(
+                spec,
+                pod,
+                expose=self._config.expose,
+                namespace=self._namespace,
+                provider=self.name,
+                annotations=self._config.service_annotations,
+            )
+        if service is None:
+            return None
+        try:
+            return await self._remote.put_service(service)
+        except ProviderError as exc:
+            log.warning(
+                "provider %s: service %s/%s not made (%s); deleting its pod",
+                self.name,
+                self._namespace,
+                name,
+                exc,
+            )
+            try:
+                await self.delete(name, grace_seconds=0)
+            except ProviderError as cleanup:
+                # The agent lists the pod as an instance of no pod of A and deletes it later.
+                log.warning("provider %s: pod %s not cleaned up: %s", self.name, name, cleanup)
+            raise exc from None
+
+    async def _reach(
+        self,
+        found: Sequence[tuple[Instance, Mapping[str, object]]],
+        *,
+        listed: bool = False,
+        services: Mapping[str, Mapping[str, object]] | None = None,
+    ) -> list[Instance]:
+        """The instances of ``found`` (instance, its pod) with their ports' endpoints, read
+        from B (``endpoints``) for the pods that run and declare a port; ``listed``: ``found``
+        is every pod of ours (the Services are read in one list, not one by one);
+        ``services`` are Services just written (not read again).
+
+        A failed read of Services or nodes does not fail the call: the pods' states matter
+        more, and a read that fails now and then must not take their traffic away; the
+        endpoints last read stand (none, for a pod never read), with a warning."""
+        serving = [
+            (i, pod) for i, pod in found if endpoints.serving(pod) and endpoints.pod_ports(pod)
+        ]
+        running = {i.instance_id for i, _ in serving}
+        for key in [k for k in self._reached if k not in running]:
+            if listed or any(i.instance_id == key for i, _ in found):
+                del self._reached[key]  # ended, or gone: nothing of it is reached any more
+        if self._config.expose == "none" or not serving:
+            return [i for i, _ in found]
+        try:
+            reached = await self._read_endpoints(serving, listed=listed, services=services)
+        except ProviderError as exc:
+            log.warning("provider %s: endpoints not read, the last read stand: %s", self.name, exc)
+            reached = {i.instance_id: self._reached.get(i.instance_id, ()) for i, _ in serving}
+        self._reached.update(reached)
+        return [replace(i, endpoints=reached.get(i.instance_id, ())) for i, _ in found]
+
+    async def _read_endpoints(
+        self,
+        serving: Sequence[tuple[Instance, Mapping[str, object]]],
+        *,
+        listed: bool,
+        services: Mapping[str, Mapping[str, object]] | None,
+    ) -> dict[str, tuple[PortEndpoint, ...]]:
+        """Each running pod's endpoints by ``config.expose`` (``endpoints``)."""
+        if self._config.expose == "flat":
+            return {i.instance_id: endpoints.flat(pod) for i, pod in serving}
+        if services is None:
+            services = await self._services([i.instance_id for i, _ in serving], listed=listed)
+        owned = {
+            i.instance_id: service
+            for i, pod in serving
+            if (service := services.get(i.instance_id)) is not None
+            and endpoints.owned_by(service, pod)
+        }
+        node = None
+        if any(endpoints.needs_node(s) for s in owned.values()):
+            node = await self._node_address()
+        return {
+            name: endpoints.service_endpoints(owned[name], node=node) if name in owned else ()
+            for name in (i.instance_id for i, _ in serving)
+        }
+
+    async def _services(
+        self, names: Sequence[str], *, listed: bool
+    ) -> dict[str, Mapping[str, object]]:
+        """Our Services by name: one list (``listed``), else a read per name."""
+        if not listed:
+            found = {name: await self._remote.service(name) for name in names}
+            return {name: s for name, s in found.items() if s is not None}
+        what = "list our services"
+        body = await self._remote.get(
+            f"/api/v1/namespaces/{self._namespace}/services",
+            what=what,
+            call=Call.READ,
+            params={"labelSelector": f"{LABEL_MANAGED_BY}={label_value(self.name)}"},
+        )
+        with self._api.readable(what):
+            return {
+                str(mapping(s.get("metadata"), "service metadata").get("name")): s
+                for s in items(body, what)
+            }
+
+    async def _node_address(self) -> str | None:
+        """Where B's NodePorts are reported (``endpoints.node_address``)."""
+        what = "list nodes"
+        selector = self._config.node_selector
+        body = await self._remote.get(
+            "/api/v1/nodes",
+            what=what,
+            call=Call.READ,
+            params={"labelSelector": selector} if selector else None,
+        )
+        with self._api.readable(what):
+            return endpoints.node_address(items(body, what), self._config.node_address_types)
 
     async def _container(self, instance_id: str, wanted: str, doing: str) -> str:
         """The container of our pod ``instance_id`` that ``wanted`` names (the first app

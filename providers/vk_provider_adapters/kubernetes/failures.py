@@ -129,7 +129,8 @@ def classify_failure(failure: ApiFailure, *, provider: str, what: str, call: Cal
 
 NAMESPACE_RIGHTS = (
     "create/get/list/delete pods, get pods/log, create pods/exec, pods/attach and "
-    "pods/portforward, get pods.metrics.k8s.io, create/patch/delete secrets"
+    "pods/portforward, get pods.metrics.k8s.io, create/patch/delete secrets (and "
+    "create/get/list/patch services with expose: node-port or load-balancer)"
 )
 
 

@@ -1,4 +1,4 @@
-"""The manifests the Kubernetes adapter writes into cluster B: the Pod and its Secret.
+"""The manifests the Kubernetes adapter writes into cluster B: the Pod, its Secret, its Service.
 
 The remote pod is the whole pod: every app container and init container of the workload, in
 order, native sidecars keeping ``restartPolicy: Always`` (``containers``), each with its own
@@ -19,6 +19,15 @@ never appear in the remote pod spec: they go into one Secret per launch, of the 
 B, under a key per (container, variable) (``names.secret_keys``), referenced by
 ``secretKeyRef``; ``owner_reference`` makes the pod that Secret's owner once the pod exists.
 
+Services (``expose: node-port`` or ``load-balancer``). ``build_service`` is the pod's own
+Service, made once the pod exists and owned by it from the start (``owner_reference``), so B's
+garbage collector removes it with the pod whatever happened to the agent. It selects exactly
+that pod (``names.instance_selector``: the pod carries ``vk-provider.io/instance=<its
+name>``), has one port per declared (containerPort, protocol) of the app containers and native
+sidecars (``service_ports``) at ``port = targetPort = containerPort``, and
+``externalTrafficPolicy: Cluster``, because the address reported is any Ready node's, which
+need not be the pod's.
+
 Invariants: pure; ``build_pod`` raises ``InvalidSpec`` only for what B can never run
 (everything else is left to B's validation, whose 422 names the field).
 """
@@ -27,8 +36,9 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
+from typing import Final
 
-from vk_provider.sdk import ContainerSpec, Offer, WorkloadSpec
+from vk_provider.sdk import ContainerSpec, Offer, Port, WorkloadSpec
 from vk_provider_adapters.kubernetes.containers import (
     JSON,
     container_json,
@@ -39,6 +49,8 @@ from vk_provider_adapters.kubernetes.names import (
     ANN_POD_UID,
     ANN_PRICE,
     ANN_SOURCE,
+    LABEL_INSTANCE,
+    instance_selector,
     owner_labels,
     secret_keys,
 )
@@ -130,7 +142,7 @@ def build_pod(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": owner_labels(spec, provider=provider),
+            "labels": owner_labels(spec, provider=provider) | {LABEL_INSTANCE: name},
             "annotations": {
                 ANN_POD_UID: spec.pod_uid,
                 ANN_ATTEMPT: str(spec.attempt),
@@ -144,9 +156,88 @@ def build_pod(
 
 
 def owner_reference(pod: Mapping[str, object]) -> JSON:
-    """The ownerReference that makes B's garbage collector delete a Secret with its pod."""
+    """The ownerReference that makes B's garbage collector delete a Secret or a Service with
+    its pod."""
     metadata = mapping(pod.get("metadata"), "pod metadata")
     name, uid = metadata.get("name"), metadata.get("uid")
     if not isinstance(name, str) or not isinstance(uid, str) or not uid:
         raise MalformedResponse("the created pod has no name or uid")
     return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": True}
+
+
+SERVICE_TYPES: Final = {"node-port": "NodePort", "load-balancer": "LoadBalancer"}
+
+
+def declared_ports(spec: WorkloadSpec) -> list[Port]:
+    """The ports the app containers and native sidecars declare, each (containerPort,
+    protocol) once (plain init containers serve nothing once the pod runs)."""
+    found: dict[tuple[int, str], Port] = {}
+    for container in (*(c for c in spec.init_containers if c.sidecar), *spec.containers):
+        for port in container.ports:
+            found.setdefault((port.container_port, port.protocol), port)
+    return list(found.values())
+
+
+def service_ports(spec: WorkloadSpec) -> list[JSON]:
+    """A Service port per declared port, named as declared, else ``<protocol>-<port>`` (a
+    Service of several ports must name each, uniquely); ``port = targetPort = containerPort``."""
+    ports = declared_ports(spec)
+    used = {p.name for p in ports if p.name}
+    built: list[JSON] = []
+    for port in ports:
+        name = port.name
+        if not name:
+            base = name = f"{port.protocol.lower()}-{port.container_port}"
+            suffix = 0
+            while name in used:  # a declared name that happens to read like ours
+                suffix += 1
+                name = f"{base}-{suffix}"
+            used.add(name)
+        built.append(
+            {
+                "name": name,
+                "protocol": port.protocol,
+                "port": port.container_port,
+                "targetPort": port.container_port,
+            }
+        )
+    return built
+
+
+def build_service(
+    spec: WorkloadSpec,
+    pod: Mapping[str, object],
+    *,
+    expose: str,
+    namespace: str,
+    provider: str,
+    annotations: Mapping[str, str],
+) -> JSON | None:
+    """The Service of our created ``pod`` (module docstring); None when nothing is to be
+    exposed (``expose`` is not a Service mode, or no port is declared). Raises
+    ``MalformedResponse`` for a pod answer without a name or uid."""
+    service_type = SERVICE_TYPES.get(expose)
+    ports = service_ports(spec)
+    if service_type is None or not ports:
+        return None
+    owner = owner_reference(pod)
+    name = str(owner["name"])
+    metadata: JSON = {
+        "name": name,
+        "namespace": namespace,
+        "labels": owner_labels(spec, provider=provider) | {LABEL_INSTANCE: name},
+        "ownerReferences": [owner],
+    }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "type": service_type,
+            "selector": instance_selector(name, provider=provider),
+            "ports": ports,
+            "externalTrafficPolicy": "Cluster",
+        },
+    }

@@ -3,13 +3,16 @@
 Every launch is one Pod named ``vk-<pod uid>-<attempt>`` — a hash replaces the uid when that
 name would not be a DNS-1123 label of at most 63 characters — and labelled
 ``vk-provider.io/managed-by=<provider name>``, ``vk-provider.io/pod-uid`` and
-``vk-provider.io/attempt``; annotations under ``remote.vk-provider.io/`` repeat the uid and
-attempt verbatim (labels may have to hash them) and carry the offer key, the price and the
-source pod (distinct from the ``vk-provider.io/`` annotations an agent of ours running in B
-writes onto the same pods). The name is deterministic, so a second create of the same request
-meets 409 AlreadyExists. ``list_ours`` selects by the managed-by label, so two agents sharing
-one namespace of B must use different provider names. The launch's Secret (secret env
-values) has the pod's name; its keys are ``<container>.<variable>`` (``secret_keys``).
+``vk-provider.io/attempt``, and ``vk-provider.io/instance=<its name>``, the one label no
+other pod has, which the pod's Service selects (``expose: node-port`` and ``load-balancer``);
+annotations under ``remote.vk-provider.io/`` repeat the uid and attempt verbatim (labels may
+have to hash them) and carry the offer key, the price and the source pod (distinct from the
+``vk-provider.io/`` annotations an agent of ours running in B writes onto the same pods). The
+name is deterministic, so a second create of the same request meets 409 AlreadyExists.
+``list_ours`` selects by the managed-by label, so two agents sharing one namespace of B must
+use different provider names. The launch's Secret (secret env
+values) has the pod's name; its keys are ``<container>.<variable>`` (``secret_keys``). So has
+its Service, which is a DNS-1035 label as a Service name must be (it starts with ``vk-``).
 
 Invariants: pure; every name is a DNS-1123 label and every label value a valid one.
 """
@@ -25,6 +28,7 @@ from vk_provider.sdk import WorkloadSpec
 LABEL_MANAGED_BY: Final = "vk-provider.io/managed-by"
 LABEL_POD_UID: Final = "vk-provider.io/pod-uid"
 LABEL_ATTEMPT: Final = "vk-provider.io/attempt"
+LABEL_INSTANCE: Final = "vk-provider.io/instance"  # the pod's own name: what its Service selects
 # Annotations have a prefix of their own: when B runs an agent of ours too, that agent writes
 # ``vk-provider.io/offer`` and ``vk-provider.io/price-per-hour`` onto the same pods.
 ANN_POD_UID: Final = "remote.vk-provider.io/pod-uid"
@@ -99,3 +103,8 @@ def owner_labels(spec: WorkloadSpec, *, provider: str) -> dict[str, str]:
         LABEL_POD_UID: label_value(spec.pod_uid),
         LABEL_ATTEMPT: str(spec.attempt),
     }
+
+
+def instance_selector(name: str, *, provider: str) -> dict[str, str]:
+    """The labels that select exactly our pod ``name`` (its Service's selector)."""
+    return {LABEL_MANAGED_BY: label_value(provider), LABEL_INSTANCE: name}

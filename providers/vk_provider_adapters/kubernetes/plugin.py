@@ -14,11 +14,27 @@ def build(settings: KubernetesProviderConfig, context: BuildContext) -> Provider
 
 
 def requirements(settings: KubernetesProviderConfig) -> list[str]:
-    return [
+    needs = [
         f"namespace {settings.namespace!r} must exist in the remote cluster, and the "
         "kubeconfig's identity must hold the Role of deploy/remote-cluster-rbac.yaml there: "
         "the adapter never creates it"
     ]
+    if settings.expose in ("node-port", "load-balancer"):
+        needs.append(
+            f"expose: {settings.expose} makes a Service per pod in {settings.namespace!r}: the "
+            "identity also needs create/get/list/patch on services there"
+            + (
+                " (each a cloud load balancer, billed)"
+                if settings.expose == "load-balancer"
+                else ""
+            )
+        )
+    elif settings.expose == "flat":
+        needs.append(
+            "expose: flat reports the remote pods' IPs: cluster A must route to the remote "
+            "cluster's pod network (and the two must not overlap)"
+        )
+    return needs
 
 
 PROVIDER_TYPE = ProviderType(

@@ -1,4 +1,5 @@
-"""Cluster B's REST API as the Kubernetes adapter uses it: one namespace's pods and Secrets.
+"""Cluster B's REST API as the Kubernetes adapter uses it: one namespace's pods, Secrets and
+Services.
 
 Every request goes through ``vk_provider_adapters.http.JsonApi`` (retries on ``Transient`` and short
 ``RateLimited``, redaction, decoding) and every failure is classified once, by
@@ -8,7 +9,12 @@ the adapter as their field manager.
 The writes of a launch: ``put_secret`` (create, or bring an earlier try's Secret up to date),
 ``create_pod`` (an existing pod of that name is returned; the caller checks it was made for
 the request), ``own_secret`` (the pod becomes the Secret's owner, so B's garbage collector
-deletes the Secret with the pod), ``forget_secret``. A write into a namespace that does not
+deletes the Secret with the pod), ``forget_secret``, and with ``expose: node-port`` or
+``load-balancer`` ``put_service`` (create, owned by the pod from the start, or bring an
+earlier try's Service up to date: its owner, selector, ports and type), and the reads
+``service`` (one by name) and ``get`` (their list). Services are never deleted here: B's
+garbage collector removes each with its pod, after the pod has stopped serving, so a
+terminating pod keeps its traffic until it is gone. A write into a namespace that does not
 exist is ``failures.missing_namespace``: this adapter never creates a namespace.
 
 Invariants: only ``domain.errors`` escape; every write is idempotent by name, so a POST whose
@@ -24,7 +30,7 @@ from typing import Final
 
 import httpx
 
-from vk_provider.sdk import NotFound, ProviderError, Redactor
+from vk_provider.sdk import NotFound, ProviderError, Redactor, Transient
 from vk_provider_adapters.http import Classify, ErrorAnswer, JsonApi
 from vk_provider_adapters.kubernetes.failures import (
     ApiFailure,
@@ -76,6 +82,9 @@ class RemoteNamespace:
 
     def _secret_path(self, name: str) -> str:
         return f"/api/v1/namespaces/{self.namespace}/secrets/{name}"
+
+    def _service_path(self, name: str) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/services/{name}"
 
     def classify(self, call: Call) -> Classify:
         return classifier(call, provider=self._provider)
@@ -175,6 +184,65 @@ class RemoteNamespace:
                 "metadata": {**mapping(secret["metadata"], "secret"), **patch["metadata"]},
             }
             await self._create_object("secrets", owned, what=what, redact=redact)
+
+    async def put_service(self, service: JSON) -> JSON:
+        """Create the pod's Service, or bring an existing one of that name (an earlier try
+        of this launch, or a Service an earlier pod of this name left for B's garbage
+        collector) up to date: owned by this pod, with this selector, ports and type. A merge
+        patch replaces ``ports`` and ``ownerReferences`` whole, as lists are; the selector's
+        other keys are read first and removed."""
+        metadata = mapping(service.get("metadata"), "service")
+        name = str(metadata["name"])
+        what = f"create service {self.namespace}/{name}"
+        response = await self._create_object(
+            "services", service, what=what, redact=self.api.redactor
+        )
+        if response.status_code != 409:
+            log.info("provider %s: created service %s/%s", self._provider, self.namespace, name)
+            return self._service_of(response, what)
+        what = f"update service {self.namespace}/{name}"
+        existing = await self.service(name)
+        if existing is None:
+            raise Transient(
+                f"Kubernetes {what}: it was deleted meanwhile (by B's garbage collector)",
+                provider=self._provider,
+            )
+        spec = mapping(service.get("spec"), "service spec")
+        with self.api.readable(what):
+            had = mapping(mapping(existing.get("spec"), "spec").get("selector"), "selector")
+        # A merge patch merges maps: null removes the keys that are not ours, or the Service
+        # could select nothing.
+        selector = {key: None for key in had} | dict(mapping(spec.get("selector"), "selector"))
+        patch = {
+            "metadata": {k: v for k, v in metadata.items() if k not in ("name", "namespace")},
+            "spec": {**spec, "selector": selector},
+        }
+        response = await self.send(
+            "PATCH",
+            self._service_path(name),
+            what=what,
+            call=Call.WRITE,
+            json_body=patch,
+            merge_patch=True,
+        )
+        return self._service_of(response, what)
+
+    def _service_of(self, response: httpx.Response, what: str) -> JSON:
+        body = self.api.decode(response, what)
+        if not isinstance(body, dict):
+            raise self.api.malformed(what, "the service is not a JSON object")
+        return body
+
+    async def service(self, name: str) -> JSON | None:
+        """Our pod ``name``'s Service; None when it has none."""
+        what = f"get service {self.namespace}/{name}"
+        try:
+            body = await self.get(self._service_path(name), what=what, call=Call.READ)
+        except NotFound:
+            return None
+        if not isinstance(body, dict):
+            raise self.api.malformed(what, "the service is not a JSON object")
+        return body
 
     async def forget_secret(self, name: str, *, quietly: bool = False) -> None:
         """Delete the Secret of pod ``name`` if there is one; ``quietly`` logs a failure
