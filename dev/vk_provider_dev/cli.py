@@ -27,6 +27,7 @@ from vk_provider_dev.cluster.errors import ClusterError
 from vk_provider_dev.cluster.flags import requested_flags
 from vk_provider_dev.cluster.flip.tools import FlipTools, ensure_flip_tools
 from vk_provider_dev.cluster.helm import ensure_helm
+from vk_provider_dev.cluster.kubeproxy import ensure_kube_proxy
 from vk_provider_dev.cluster.metrics_server import ensure_metrics_server
 
 cluster_app = typer.Typer(help="A real local Kubernetes control plane.", no_args_is_help=True)
@@ -126,6 +127,12 @@ def cluster_binaries(
         "--helm",
         help="Also build Helm (the chart's tests: lint, template, install).",
     ),
+    kube_proxy: bool = typer.Option(
+        False,
+        "--kube-proxy",
+        help="Also build kube-proxy (the control plane's version) and fetch Debian's nft for "
+        "its nftables mode (the data-path test).",
+    ),
 ) -> None:
     """Find or build the control-plane binaries (pinned version) and print where they are."""
     try:
@@ -144,6 +151,13 @@ def cluster_binaries(
             if helm
             else None
         )
+        proxy = (
+            _with_progress(
+                "looking for kube-proxy", lambda progress: ensure_kube_proxy(progress=progress)
+            )
+            if kube_proxy
+            else None
+        )
     except ClusterError as exc:
         raise _fail(str(exc)) from exc
     out.print(binaries.kube_apiserver.parent)
@@ -153,6 +167,8 @@ def cluster_binaries(
         out.print(f"metrics-server: {metrics}", highlight=False)
     if helm_binary is not None:
         out.print(f"helm: {helm_binary}", highlight=False)
+    for name, path in proxy.describe() if proxy else ():
+        out.print(f"{name}: {path}", highlight=False)
 
 
 @cluster_app.command("up")

@@ -15,7 +15,8 @@ Invariants:
   replaces its staging modules with relative paths that do not apply to a consumer, so the
   wrapper module re-points each of them at the published staging version; etcd needs a
   wrapper module of its own because Kubernetes pins the etcd *library* to a different minor
-  than the etcd *server* we run.
+  than the etcd *server* we run. ``build_kubernetes_program`` builds one more program of
+  k8s.io/kubernetes (kube-proxy) with the same wrapper, replaces and version stamps.
 """
 
 from __future__ import annotations
@@ -264,6 +265,77 @@ def _count_deps(packages: list[str], *, cwd: Path) -> int:
     return len(listing.split())
 
 
+def _kubernetes_wrapper(
+    versions: ControlPlaneVersions,
+    directory: Path,
+    *,
+    module: str,
+    packages: list[str],
+    progress: Progress,
+) -> None:
+    """A wrapper module in ``directory`` that builds ``packages`` of k8s.io/kubernetes at
+    ``versions.kubernetes``: each staging module Kubernetes' go.mod replaces with a relative
+    path is re-pointed at its published version, then ``go get`` and ``go mod tidy``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    progress(f"downloading k8s.io/kubernetes@{versions.kubernetes}", 0, 0)
+    info = json.loads(
+        _run_go(
+            ["mod", "download", "-json", f"k8s.io/kubernetes@{versions.kubernetes}"],
+            cwd=directory,
+            what=f"downloading k8s.io/kubernetes@{versions.kubernetes}",
+        )
+    )
+    staging = _staging_modules(Path(info["GoMod"]).read_text())
+    if not staging:
+        raise ClusterError(f"k8s.io/kubernetes@{versions.kubernetes} lists no staging modules")
+    _write_wrapper(
+        directory,
+        module=module,
+        imports=packages,
+        replaces=[f"replace {m} => {m} {versions.staging}" for m in staging],
+    )
+    progress("resolving Kubernetes modules", 0, 0)
+    _run_go(["get", f"k8s.io/kubernetes@{versions.kubernetes}"], cwd=directory, what="go get")
+    _run_go(["mod", "tidy"], cwd=directory, what=f"go mod tidy ({module})")
+
+
+def build_kubernetes_program(
+    name: str,
+    target: Path,
+    versions: ControlPlaneVersions = PINNED,
+    *,
+    progress: Progress = _ignore_progress,
+) -> Path:
+    """Build ``k8s.io/kubernetes/cmd/<name>`` at the control plane's pinned version (same
+    wrapper and replaces, same version stamps) into the directory ``target``, atomically like
+    the control plane; the program's path."""
+    _require_go()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="vk-build-", dir=target.parent) as tmp:
+        work = Path(tmp) / "kubernetes"
+        out = Path(tmp) / "bin"
+        out.mkdir()
+        packages = [f"k8s.io/kubernetes/cmd/{name}"]
+        _kubernetes_wrapper(
+            versions, work, module=f"vkprovider.local/{name}", packages=packages, progress=progress
+        )
+        _stream_build(
+            packages,
+            cwd=work,
+            output=str(out / name),
+            total=_count_deps(packages, cwd=work),
+            label=f"{name} {versions.kubernetes}",
+            progress=progress,
+            ldflags=versions.version_ldflags(),
+        )
+        if not os.access(out / name, os.X_OK):
+            raise ClusterError(f"build of {name} finished but {out / name} is missing")
+        if target.exists():
+            shutil.rmtree(target)
+        out.rename(target)
+    return target / name
+
+
 def build_binaries(
     versions: ControlPlaneVersions, target: Path, *, progress: Progress = _ignore_progress
 ) -> None:
@@ -275,29 +347,15 @@ def build_binaries(
         out = work / "bin"
         out.mkdir()
 
-        progress(f"downloading k8s.io/kubernetes@{versions.kubernetes}", 0, 0)
-        info = json.loads(
-            _run_go(
-                ["mod", "download", "-json", f"k8s.io/kubernetes@{versions.kubernetes}"],
-                cwd=work,
-                what=f"downloading k8s.io/kubernetes@{versions.kubernetes}",
-            )
-        )
-        staging = _staging_modules(Path(info["GoMod"]).read_text())
-        if not staging:
-            raise ClusterError(f"k8s.io/kubernetes@{versions.kubernetes} lists no staging modules")
-
         k8s = work / "kubernetes"
         packages = [f"k8s.io/kubernetes/cmd/{name}" for name in COMPONENTS[1:]]
-        _write_wrapper(
+        _kubernetes_wrapper(
+            versions,
             k8s,
             module="vkprovider.local/controlplane",
-            imports=packages,
-            replaces=[f"replace {m} => {m} {versions.staging}" for m in staging],
+            packages=packages,
+            progress=progress,
         )
-        progress("resolving Kubernetes modules", 0, 0)
-        _run_go(["get", f"k8s.io/kubernetes@{versions.kubernetes}"], cwd=k8s, what="go get")
-        _run_go(["mod", "tidy"], cwd=k8s, what="go mod tidy (kubernetes)")
         total = _count_deps(packages, cwd=k8s)
         _stream_build(
             packages,
