@@ -15,6 +15,7 @@ from vk_provider.domain.endpointslices import (
     unreached,
 )
 from vk_provider.domain.models import PortEndpoint
+from vk_provider.domain.podview import PodView
 
 NODE = "vk-gpu"
 
@@ -225,9 +226,11 @@ def test_each_port_that_reaches_nothing_of_a_pod_says_why() -> None:
     assert unreached(service(HTTP), up) == []
 
 
-def _pod_object(*ports: tuple[int, str]) -> dict[str, Any]:
+def _pod_object(*ports: tuple[int, str]) -> frozenset[tuple[int, str]]:
+    """The declared ports as a pod object's view gives them."""
     declared = [{"containerPort": number, "protocol": protocol} for number, protocol in ports]
-    return {"spec": {"containers": [{"name": "main", "ports": declared}]}}
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "main", "ports": declared}]}}
+    return PodView.parse(pod).declared_ports
 
 
 def test_the_pod_ip_is_the_address_that_exposes_every_declared_port_on_its_own_number() -> None:

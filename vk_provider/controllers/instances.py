@@ -28,8 +28,15 @@ log = logging.getLogger(__name__)
 
 def _signature(instance: Instance) -> tuple[object, ...]:
     """What, when it changes, makes the pod's status worth rewriting (a whole pod's
-    containers included: a restart, an init container completing)."""
-    return (instance.state, instance.exit_code, instance.containers, instance.init_containers)
+    containers included: a restart, an init container completing; its endpoints, which
+    decide its podIP)."""
+    return (
+        instance.state,
+        instance.exit_code,
+        instance.containers,
+        instance.init_containers,
+        instance.endpoints,
+    )
 
 
 class InstanceTracker:

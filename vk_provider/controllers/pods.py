@@ -76,6 +76,8 @@ from vk_provider.settings.agent import IntervalsConfig
 
 log = logging.getLogger(__name__)
 
+RUNNING_RESYNC_SECONDS = 60.0  # a running pod with no news is synced again after this
+
 
 def _as_released(pod: PodView, memory: PodMemory, sighting: Sighting) -> Sighting:
     """A pod whose exited instance was deleted to make room for its relaunch still names
@@ -448,7 +450,10 @@ class PodController:
             case Step.SHOW_RUNNING:
                 assert instance is not None
                 await self._report.running(pod, instance)
-                self.queue.add_after(key, self._intervals.pod_status_seconds * 5)
+                # Changes come as edges (the watch, the tracker's diff of each listing, a
+                # probe verdict); this is the level-triggered safety net, a kubelet's
+                # syncFrequency: rare, so 10,000 unchanged pods cost next to nothing.
+                self.queue.add_after(key, RUNNING_RESYNC_SECONDS)
             case Step.FAIL_LOST:
                 why = "the provider no longer knows it"
                 if instance is not None:

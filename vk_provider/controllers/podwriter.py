@@ -73,6 +73,7 @@ class PodWriter:
         reason: str = "",
         message: str = "",
     ) -> None:
+        current = pod.raw.get("status") or {}  # decoded once: a sync's one JSON decode
         wanted = pod_status(
             pod,
             view,
@@ -82,9 +83,10 @@ class PodWriter:
             phase=phase,
             reason=reason,
             message=message,
+            current=current,
         )
         metadata = self._staged.pop(pod.uid, None)
-        if metadata is None and not status_changed(pod.raw.get("status") or {}, wanted):
+        if metadata is None and not status_changed(current, wanted):
             return
         try:
             updated = await self._kube.patch_pod_status(

@@ -119,7 +119,10 @@ class StatusReporter:
                 log.info("%s", event.message, extra=where)
             await self._write.event(pod, event)
         await self._write.status(
-            pod, containers, pod_ip=reachable_pod_ip(pod.raw, instance.endpoints), phase=phase
+            pod,
+            containers,
+            pod_ip=reachable_pod_ip(pod.declared_ports, instance.endpoints),
+            phase=phase,
         )
         return containers
 
@@ -155,7 +158,9 @@ class StatusReporter:
                 agent_probes=agent,
             )
             view = replace(view, ready=ready, started=started_ok)
-        await self._write.status(pod, view, pod_ip=reachable_pod_ip(pod.raw, instance.endpoints))
+        await self._write.status(
+            pod, view, pod_ip=reachable_pod_ip(pod.declared_ports, instance.endpoints)
+        )
         if recorded is None:
             started_event = explain.Event(
                 explain.NORMAL, explain.STARTED, f"Started container {pod.container_name}"
@@ -172,7 +177,9 @@ class StatusReporter:
             return
         ended = terminated_of(instance, now=self._now())
         view = container_view(pod, ended, instance_id=instance.instance_id)
-        await self._write.status(pod, view, pod_ip=reachable_pod_ip(pod.raw, instance.endpoints))
+        await self._write.status(
+            pod, view, pod_ip=reachable_pod_ip(pod.declared_ports, instance.endpoints)
+        )
 
     async def back_off(self, pod: PodView, instance: Instance) -> None:
         """A single container exited and restarts once the crash-loop back-off is over."""

@@ -260,21 +260,24 @@ def _declared(pod: Mapping[str, Any]) -> tuple[DeclaredPort, ...]:
     )
 
 
-def reachable_pod_ip(pod: Mapping[str, Any], endpoints: Sequence[PortEndpoint]) -> str | None:
-    """The ``podIP`` a pod object of our node carries, given its instance's ``endpoints``:
-    the one IP address at which every declared port is exposed on its own number, else none
-    (no port declared or exposed, a port left out, mapped elsewhere or at a hostname)."""
-    declared = {(p.container_port, p.protocol.upper()) for p in _declared(pod)}
-    if not declared:
+def reachable_pod_ip(
+    declared: Iterable[tuple[int, str]], endpoints: Sequence[PortEndpoint]
+) -> str | None:
+    """The ``podIP`` of a pod of our node declaring the ``declared`` (containerPort,
+    protocol) pairs, given its instance's ``endpoints``: the one IP address at which every
+    declared port is exposed on its own number, else none (no port declared or exposed, a
+    port left out, mapped elsewhere or at a hostname)."""
+    wanted = {(number, protocol.upper()) for number, protocol in declared}
+    if not wanted:
         return None
     reached = {
         (e.container_port, e.protocol.upper()): e
         for e in endpoints
         if e.port == e.container_port and e.address_type != "FQDN"
     }
-    if not declared <= reached.keys():
+    if not wanted <= reached.keys():
         return None
-    addresses = {reached[key].address for key in declared}
+    addresses = {reached[key].address for key in wanted}
     return addresses.pop() if len(addresses) == 1 else None
 
 

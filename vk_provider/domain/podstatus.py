@@ -282,10 +282,13 @@ def pod_status(
     phase: str | None = None,
     reason: str = "",
     message: str = "",
+    current: JSON | None = None,
 ) -> JSON:
-    """The full status to write (phase is derived from the containers unless given)."""
+    """The full status to write (phase is derived from the containers unless given);
+    ``current`` is the pod's status as stored, when the caller has decoded it already."""
     containers = PodContainers.of(view)
-    current: JSON = pod.raw.get("status") or {}
+    if current is None:
+        current = pod.raw.get("status") or {}
     phase = phase or pod_phase(containers, pod.restart_policy)
     previous = {c.get("type"): c for c in current.get("conditions") or []}
     terminal = phase in TERMINAL_PHASES

@@ -187,6 +187,7 @@ class SpecContainer:
     readiness_probe: bool = False
     startup_probe: bool = False
     liveness_probe: bool = False
+    ports: tuple[tuple[int, str], ...] = ()  # (containerPort, protocol) as declared
 
     @classmethod
     def parse(cls, body: Mapping[str, Any], *, init: bool = False) -> SpecContainer:
@@ -197,6 +198,11 @@ class SpecContainer:
             readiness_probe=isinstance(body.get("readinessProbe"), Mapping),
             startup_probe=isinstance(body.get("startupProbe"), Mapping),
             liveness_probe=isinstance(body.get("livenessProbe"), Mapping),
+            ports=tuple(
+                (port["containerPort"], (_text(port.get("protocol")) or "TCP").upper())
+                for port in (_mapping(p) for p in _list(body.get("ports")))
+                if isinstance(port.get("containerPort"), int)
+            ),
         )
 
 
@@ -302,6 +308,12 @@ class PodView:
         """The whole pod object, decoded afresh: the caller's own copy."""
         decoded: JSON = json.loads(self.encoded)
         return decoded
+
+    @property
+    def declared_ports(self) -> frozenset[tuple[int, str]]:
+        """(containerPort, protocol) of every app container and native sidecar."""
+        serving = (*self.containers, *(c for c in self.init_containers if c.sidecar))
+        return frozenset(port for c in serving for port in c.ports)
 
     @property
     def namespace(self) -> str:
