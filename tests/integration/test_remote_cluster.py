@@ -36,6 +36,7 @@ from kubernetes_asyncio.client.api_client import ApiClient
 
 from tests.helpers import wait_for
 from tests.integration.agent_harness import AgentHarness, AgentProcess, local_providers, pod_on
+from tests.integration.http_replica import replica_command
 from tests.integration.kubelet_node import Commands, assert_port_forward, start_agent_on
 from tests.integration.test_kubelet_endpoints import read_until
 from vk_provider.kube.client import KubeClient
@@ -680,21 +681,6 @@ BUSY = [
 # 1:1 there) and a process listening on every address is reached there from the test's
 # network namespace, a client of the clusters.
 
-WEB = """
-import http.server, sys, threading, time
-name, ports = sys.argv[1], [int(p) for p in sys.argv[2:]]
-class Answer(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = f"{name}:{self.server.server_address[1]}".encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(body)))
-        self.end_headers(); self.wfile.write(body)
-    def log_message(self, *args): pass
-for port in ports:
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-print("serving", flush=True)
-while True: time.sleep(1)
-"""
 SLICES = "endpointslice.kubernetes.io/managed-by=vk-provider.io"
 
 
@@ -741,7 +727,7 @@ async def _serve_on_a(kube: ApiClient, namespace: str, node: str, name: str) -> 
     pod = pod_on(
         node,
         name,
-        command=[PY, "-c", WEB, name, *(str(p) for p in ports.values())],
+        command=replica_command(name, *ports.values()),
         metadata={"labels": {"app": name}},
         container={"ports": [{"name": n, "containerPort": p} for n, p in ports.items()]},
     )

@@ -37,6 +37,7 @@ from tests.integration.agent_harness import (
     pod_on,
 )
 from tests.integration.audit import calls_of, grants_of, unused
+from tests.integration.http_replica import replica_command
 from vk_provider.kube.client import KubeClient
 from vk_provider_dev.cluster import netns
 from vk_provider_dev.cluster.cluster import LocalCluster
@@ -49,25 +50,6 @@ from vk_provider_dev.cluster.flip.tools import ensure_kwok
 pytestmark = pytest.mark.integration
 
 PY = sys.executable
-# Binds its two ports only after a few seconds (so the readiness probe fails first), answers
-# every GET with its name, and ignores SIGTERM (so its deletion takes the grace period).
-SERVER = """
-import http.server, signal, sys, threading, time
-name, http_port, admin_port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-time.sleep(4)
-class Answer(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = f"{name}:{self.server.server_address[1]}".encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(body)))
-        self.end_headers(); self.wfile.write(body)
-    def log_message(self, *args): pass
-for port in (admin_port, http_port):
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-print("serving", flush=True)
-while True: time.sleep(1)
-"""
 REPLICAS = {"infer-a": (18181, 18281), "infer-b": (18182, 18282)}
 MANAGED = "endpointslice.kubernetes.io/managed-by=vk-provider.io"
 
@@ -77,7 +59,7 @@ def _replica(node: str, name: str) -> dict[str, Any]:
     return pod_on(
         node,
         name,
-        command=[PY, "-c", SERVER, name, str(http_port), str(admin_port)],
+        command=replica_command(name, admin_port, http_port, delay=4, linger=True),
         gpus=0,
         grace=8,
         metadata={"labels": {"app": "infer"}},
@@ -273,22 +255,6 @@ async def test_services_reach_the_replicas_where_the_provider_exposes_them(
 
 # Every replica runs the same template: both ports on every address, after a few seconds (the
 # probe fails first), each answer naming the replica (its POD_NAME from the downward API).
-DEPLOYMENT_SERVER = """
-import http.server, os, signal, threading, time
-name = os.environ["POD_NAME"]
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-time.sleep(4)
-class Answer(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = f"{name}:{self.server.server_address[1]}".encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(body)))
-        self.end_headers(); self.wfile.write(body)
-    def log_message(self, *args): pass
-for port in (18481, 18381):
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-while True: time.sleep(1)
-"""
 WEB, ADMIN = 18381, 18481
 ONE_GPU = [
     {"sku": "a100", "gpu_model": "A100-80GB", "gpu_count": 1, "gpu_memory_gib": 80, "vcpus": 8,
@@ -301,7 +267,7 @@ def _deployment(nodes: list[str]) -> dict[str, Any]:
     container = {
         "name": "server",
         "image": "example.com/inference:1",
-        "command": [PY, "-c", DEPLOYMENT_SERVER],
+        "command": replica_command(None, ADMIN, WEB, delay=4, linger=True),
         "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
         "ports": [
             {"name": "http", "containerPort": WEB},

@@ -438,14 +438,7 @@ async def test_providers_in_network_namespaces_of_their_own_serve_the_same_port_
             assert [(e.address, e.port) for e in running.endpoints] == [(link.peer_address, port)]
 
             async def answers(address: str = link.peer_address) -> bytes | None:
-                try:
-                    reader, writer = await asyncio.open_connection(address, port)
-                except OSError:
-                    return None
-                try:
-                    return await reader.read(100)
-                finally:
-                    writer.close()
+                return await _answer(address, port)
 
             greeting = await wait_for(answers, timeout=20, interval=0.1, what="the pod")
             assert greeting == f"hello from {link.namespace}".encode()
