@@ -70,6 +70,7 @@ class Bench:
         self.pods = pods
         self.rows: list[tuple[str, str]] = []
         self.slot_wait = 20.0
+        self.idle_seconds = 30.0
 
     def row(self, what: str, value: str) -> None:
         self.rows.append((what, value))
@@ -148,12 +149,22 @@ class Bench:
             )
             await asyncio.sleep(6)  # the status polls and reconcile cycles of Running pods
             after = agent.metrics()
+            # Idle: the pods Running, nothing changing; what the agent spends holding them.
+            cpu_before, idle_started = agentproc.cpu_seconds(agent.pid), time.monotonic()
+            await asyncio.sleep(self.idle_seconds)
+            idle_cpu = (agentproc.cpu_seconds(agent.pid) - cpu_before) / (
+                time.monotonic() - idle_started
+            )
             self.row("memory provider: bind→Running", runs.summary(result))
             self.row("  throughput vs raw baseline", f"{result.throughput / base.throughput:.2f}x")
             self.report_calls(result, base)
             self.row("  agent CPU-seconds per pod", f"{(result.cpu_seconds or 0) / self.pods:.4f}")
             self.row(
                 "  raw baseline CPU-seconds per pod", f"{(base.cpu_seconds or 0) / base.pods:.4f}"
+            )
+            self.row(
+                f"  agent CPU holding {self.pods} pods, nothing changing",
+                f"{idle_cpu * 100:.1f}% of a core (over {self.idle_seconds:.0f} s)",
             )
             self.row("  agent RSS idle", f"{idle:.0f} MiB")
             self.row(f"  agent RSS with {self.pods} pods Running", f"{result.rss_mib:.0f} MiB")
@@ -391,6 +402,7 @@ async def measure_on(cluster: LocalCluster, args: argparse.Namespace, root: Path
     endpoint = Endpoint(server, cluster.pki.ca.cert, cluster.pki.admin.cert, cluster.pki.admin.key)
     bench = Bench(root, cluster, endpoint, args.pods)
     bench.slot_wait = args.slot_wait
+    bench.idle_seconds = args.idle_seconds
     print(f"vk-provider bench: {args.pods} pods, RSS at {args.rss_pods}", flush=True)
     try:
         async with endpoint.client(connections=40) as client:
@@ -435,6 +447,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--outage-pods", type=int, default=50)
     parser.add_argument(
         "--slot-wait", type=float, default=20.0, help="how long a pod waits before a slot frees"
+    )
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=30.0,
+        help="how long the agent's CPU is measured holding the memory run's pods, unchanged",
     )
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--skip-recovery", action="store_true")

@@ -23,6 +23,7 @@ ROWS = (
     "agent CPU-seconds per pod",
     "agent RSS idle",
     "provider list calls per reconcile cycle",
+    "agent CPU holding 3 pods, nothing changing",
     "local provider: bind→Running",
     "freed slot → reused",
     "outage of 2 pods → all replaced",
@@ -36,7 +37,18 @@ async def test_the_bench_prints_its_table_at_tiny_sizes(
     control_plane: LocalCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = bench_main.parser().parse_args(
-        ["--pods", "3", "--rss-pods", "4", "--outage-pods", "2", "--slot-wait", "1"]
+        [
+            "--pods",
+            "3",
+            "--rss-pods",
+            "4",
+            "--outage-pods",
+            "2",
+            "--slot-wait",
+            "1",
+            "--idle-seconds",
+            "2",
+        ]
     )
     lines = await bench_main.measure_on(control_plane, args, tmp_path)
     printed = capsys.readouterr().out
