@@ -413,14 +413,13 @@ async def test_providers_in_network_namespaces_of_their_own_serve_the_same_port_
     (the endpoint it reports, the agent's probes' ``ip``), its exec runs in that namespace,
     and a port-forward reaches it there."""
     port = 18311
-    providers = []
+    providers: list[tuple[LocalProvider, str]] = []  # each provider and its pod's instance
     try:
         for link in two_namespaces:
             config = make_config(
                 name=link.namespace, network_namespace=link.namespace, address=link.peer_address
             )
             local = LocalProvider(config, state_dir=state_dir / link.namespace)
-            providers.append(local)
             app = ContainerSpec(
                 name="app",
                 image="ignored",
@@ -433,6 +432,7 @@ async def test_providers_in_network_namespaces_of_their_own_serve_the_same_port_
                 containers=(app,),
             )  # fmt: skip
             created = await local.create(spec, await offer(local))
+            providers.append((local, created.instance_id))
             running = await wait_state(local, created.instance_id, InstanceState.RUNNING)
             assert running.ip == link.peer_address
             assert [(e.address, e.port) for e in running.endpoints] == [(link.peer_address, port)]
@@ -459,7 +459,9 @@ async def test_providers_in_network_namespaces_of_their_own_serve_the_same_port_
             finally:
                 await stream.close()
     finally:
-        for local in providers:
+        for local, instance_id in providers:  # instances outlive a provider: stop them
+            await local.delete(instance_id, grace_seconds=0)
+            await wait_state(local, instance_id, InstanceState.TERMINATED)
             await local.close()
 
 
