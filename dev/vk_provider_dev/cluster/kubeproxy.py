@@ -66,7 +66,7 @@ from vk_provider_dev.cluster.binaries import (
 )
 from vk_provider_dev.cluster.cluster import SERVICE_CIDR, LocalCluster
 from vk_provider_dev.cluster.errors import ClusterError
-from vk_provider_dev.cluster.flip.child import ChildProcess, log_tail
+from vk_provider_dev.cluster.flip.child import ChildProcess, RunningComponent, log_tail
 from vk_provider_dev.cluster.nft import Nft, ensure_nft
 
 NAME: Final = "kube-proxy"
@@ -229,7 +229,7 @@ def _synced(namespace: str) -> bool:
 
 
 @dataclass
-class KubeProxy:
+class KubeProxy(RunningComponent):
     """A running kube-proxy in ``link.namespace`` and what was made for it."""
 
     child: ChildProcess
@@ -239,14 +239,6 @@ class KubeProxy:
     node: str
     nft: Nft
     sink: str
-
-    @property
-    def log_file(self) -> Path:
-        return self.child.log_file
-
-    @property
-    def running(self) -> bool:
-        return self.child.running
 
     def log_text(self) -> str:
         return self.log_file.read_text(errors="replace")
@@ -269,12 +261,6 @@ class KubeProxy:
             self.child.stop()
         finally:
             _undo(self.cluster, self.link, relay=self.relay, node=self.node, sink=self.sink)
-
-    def __enter__(self) -> KubeProxy:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
 
 
 def _undo(
