@@ -297,6 +297,27 @@ async def test_churn_under_faults_leaks_nothing(
             await asyncio.sleep(10)
             await apps.create_namespaced_deployment(namespace, _deployment("d4", agent.node, 20))
             await _scale(apps, "d2", namespace, 30)
+            # d3 goes whole: its 50 pods through the ReplicaSet controller (scaled to 0), then
+            # the Deployment. Not through the garbage collector alone: after an API server
+            # restart on a loaded machine the controller-manager's garbage collector may stall
+            # for minutes re-syncing its monitors ("timed out waiting for dependency graph
+            # builder sync"), which is the control plane's business, not the agent's.
+            await _scale(apps, "d3", namespace, 0)
+
+            async def d3_going() -> bool:
+                pods, _ = await api.list_node_pods(agent.node)
+                # Failed pods (an injected loss) stay until the Deployment goes, and count
+                # for nothing: only the live ones must be on their way out.
+                return not [
+                    p
+                    for p in pods
+                    if p["metadata"]["namespace"] == namespace
+                    and p["metadata"]["labels"].get("app") == "d3"
+                    and p["status"].get("phase") not in ("Succeeded", "Failed")
+                    and not p["metadata"].get("deletionTimestamp")
+                ]
+
+            await wait_for(d3_going, timeout=60, what="d3's live pods deleted by its ReplicaSet")
             await apps.delete_namespaced_deployment("d3", namespace)
             await asyncio.sleep(15)
             await _scale(apps, "d1", namespace, 15)
@@ -365,29 +386,64 @@ async def test_churn_under_faults_leaks_nothing(
             )
             return found if ok else None
 
+        churn_ended = datetime.now(UTC)
         try:
             final = await wait_for(
                 converged, timeout=180, interval=2, what="convergence after churn"
             )
-        except BaseException:
-            print(f"churn ({disruption}) did not converge: {await counts()}")
+        except pytest.fail.Exception:
+            # What was stuck, compactly and last (CI shows the tail of the output), and in
+            # the failure's own message: the pods not Running or Terminating, the instances
+            # without a live pod or beside another of the same pod.
             pods, _ = await api.list_node_pods(agent.node)
+            alive = {
+                p["metadata"]["uid"]
+                for p in pods
+                if p["status"].get("phase") not in ("Succeeded", "Failed")
+            }
+            stuck = []
             for pod in pods:
                 status = pod.get("status") or {}
-                waiting = ((status.get("containerStatuses") or [{}])[0].get("state") or {}).get(
-                    "waiting"
-                )
                 if status.get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
-                    print(
-                        pod["metadata"]["name"],
-                        status.get("phase"),
-                        waiting,
-                        pod["metadata"].get("deletionTimestamp"),
-                        pod["metadata"].get("annotations", {}).get("vk-provider.io/instance-id"),
+                    waiting = ((status.get("containerStatuses") or [{}])[0].get("state") or {}).get(
+                        "waiting"
                     )
-            for instance in await provider.list_ours():
-                print("instance", instance.instance_id, instance.state, instance.message)
-            raise
+                    meta = pod["metadata"]
+                    instance_id = (meta.get("annotations") or {}).get("vk-provider.io/instance-id")
+                    stuck.append(
+                        f"{meta['name']} {status.get('phase')} waiting={waiting} "
+                        f"deleting={meta.get('deletionTimestamp')} instance={instance_id}"
+                    )
+            instances = await _list(provider)
+            per_uid: dict[str, int] = {}
+            for instance in instances:
+                per_uid[instance.pod_uid] = per_uid.get(instance.pod_uid, 0) + 1
+            odd = [
+                f"{i.instance_id} {i.state.value} {i.message}"
+                for i in instances
+                if i.pod_uid not in alive or per_uid[i.pod_uid] > 1
+            ]
+            by_app: dict[str, int] = {}
+            for pod in pods:
+                if pod["metadata"]["namespace"] == namespace:
+                    app = pod["metadata"]["labels"].get("app", "?")
+                    by_app[app] = by_app.get(app, 0) + 1
+            manager_log = control_plane.log_file("kube-controller-manager")
+            collector = [
+                line
+                for line in manager_log.read_text(errors="replace").splitlines()
+                if "garbage" in line.lower()
+            ]
+            found = await counts()
+            for line in [*stuck, *odd, *collector[-10:]]:
+                print(line)
+            print(f"churn ({disruption}) did not converge: {found}")
+            pytest.fail(
+                f"no convergence 180 s after the churn: {found}; pods by app {by_app} (want "
+                f"{desired}); pods not Running: {stuck[:5]}; instances without a live pod or "
+                f"duplicated: {odd[:5]}; the garbage collector's last word: {collector[-1:]}"
+            )
+        converged_after = (datetime.now(UTC) - churn_ended).total_seconds()
         if disruption == "agent-sigkill":
             report.reconcile_seconds = [
                 float(m)
@@ -400,7 +456,8 @@ async def test_churn_under_faults_leaks_nothing(
             f"losses injected {report.losses_injected}, duplicates injected "
             f"{len(report.duplicates_injected)}, orphans injected {len(report.orphans_injected)}, "
             f"agent SIGKILLs {report.agent_kills}, CPU hogs {cpu_hog}, "
-            f"first reconciliation after each start {report.reconcile_seconds}"
+            f"first reconciliation after each start {report.reconcile_seconds}, converged "
+            f"{converged_after:.1f} s after the churn ended (bound 180 s)"
         )
         clock_task.cancel()
         await asyncio.gather(clock_task, return_exceptions=True)
