@@ -1,27 +1,27 @@
 """The whole benchmark in one run on a local control plane of its own; prints one table.
 
-    flock /tmp/vk-cluster.lock .venv/bin/python -m bench [--pods 1000] [--rss-pods 10000]
+    flock /tmp/vk-cluster.lock .venv/bin/python -m bench [--pods 1000] [--rounds 3]
+        [--large-pods 10000] [--large-rounds 3] [--burst-pods 200]
 
-In order, against one API server (a ``LocalCluster`` named ``vk-bench`` under a temporary
-directory, taken down at the end):
+Against one API server (a ``LocalCluster`` named ``vk-bench`` under a temporary directory,
+taken down at the end):
 
-1. the raw-client baseline (``bench.raw``): ``--pods`` pods bound to a node of its own;
-2. the agent with an in-memory instant provider (``memory``): the same pods; its RSS idle
-   and after them; provider list calls per reconcile cycle;
-3. the agent with the ``local`` provider (a runner forked per pod): the same pods;
-4. freed slot → reuse: a full offer, a pod waiting for it (long enough for its back-off to
-   grow), one pod deleted; until the waiting pod runs;
-5. outage → replacement: a 50-replica Deployment on a local provider whose instances are
-   all lost at once; until 50 replacements run on the other provider;
-6. the agent's RSS with ``--rss-pods`` pods Running (memory provider), last;
-7. placement (``bench.placement``, in process) and the local runner's start-up cost.
+1. ``--rounds`` throughput rounds at ``--pods`` pods: the minimal client on aiohttp
+   (``bench.raw``), KWOK with its fast stages, the agent with an in-memory provider, the agent
+   with the ``local`` provider (``bench.subjects``) — in an order rotated each round; the
+   agent's idle CPU holding the pods and its RSS;
+2. the burst: ``--burst-pods`` pods bound at once to an agent with three in-memory providers
+   whose instances take 5 s to start; until all are Running, and the creates it cost;
+3. ``--large-rounds`` rounds at ``--large-pods`` pods: KWOK and the memory provider, rotated;
+   idle CPU and RSS holding them; then a graceful deletion of all of them, timed;
+4. freed slot → reuse, and outage → replacement, on two ``local`` providers;
+5. placement (``bench.placement``, in process) and the local runner's start-up cost.
 
-Between the steps each run's namespace is deleted and waited for, so every throughput run
-starts on the same settled cluster.
-
-Ratios are against the baseline measured in the same run; absolute figures depend on the
-machine. Benchmarks, not tests: nothing here asserts a speed (the smoke test only checks
-that the table is printed at tiny sizes).
+Between runs each run's namespace is deleted and waited for, so every run starts on the same
+settled cluster. Every ratio is taken within a round and summarised as min / median / max
+over the rounds (``bench.figures``); a target is met when the median meets it. Benchmarks,
+not tests: nothing here asserts a speed (the smoke test only checks that the table is
+printed at tiny sizes).
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,25 +43,20 @@ import httpx
 import yaml
 
 from bench import agentproc, runs
-from bench.kube import Endpoint, check, node_manifest, watch_pods
+from bench.figures import Figure, Target, ratio, rotated, table
+from bench.kube import Endpoint, check, pod_manifest, watch_pods
+from bench.subjects import SLEEP, SUBJECTS, Measured, Subjects, local_provider, memory_provider
 from vk_provider_adapters.local.faults import inject_loss
 from vk_provider_adapters.local.launch import PACKAGE_ROOT, runner_command
 from vk_provider_dev.cluster.binaries import ensure_binaries
 from vk_provider_dev.cluster.cluster import LocalCluster
 
-SLEEP = ["sleep", "100000"]
-CPU_OFFER = {"sku": "cpu", "gpu_count": 0, "vcpus": 4, "memory_gib": 8}
+BURST_PROVIDERS = 3
+BURST_START_SECONDS = 5.0
 
 
-def memory_provider(capacity: int) -> dict[str, Any]:
-    offer = {**CPU_OFFER, "price_per_hour": 0.1, "capacity": capacity}
-    return {"name": "mem", "type": "memory", "enabled": True, "offers": [offer]}
-
-
-def local_provider(name: str, price: float, capacity: int, **extra: Any) -> dict[str, Any]:
-    offers = [{**CPU_OFFER, "price_per_hour": price, "capacity": capacity}]
-    offers += extra.pop("more_offers", [])
-    return {"name": name, "type": "local", "enabled": True, "offers": offers, **extra}
+def _per_round(rounds: list[dict[str, Measured]], subject: str) -> list[Measured]:
+    return [r[subject] for r in rounds if subject in r]
 
 
 class Bench:
@@ -68,181 +65,245 @@ class Bench:
         self.cluster = cluster
         self.endpoint = endpoint
         self.pods = pods
+        self.subjects = Subjects(root, cluster, endpoint)
         self.rows: list[tuple[str, str]] = []
+        self.figures: list[Figure] = []
         self.slot_wait = 20.0
-        self.idle_seconds = 30.0
 
     def row(self, what: str, value: str) -> None:
         self.rows.append((what, value))
         print(f"  {what:<52} {value}", flush=True)
 
+    def figure(
+        self, name: str, values: list[float], unit: str = "", target: Target | None = None
+    ) -> Figure:
+        figure = Figure(name, unit, target, list(values))
+        self.figures.append(figure)
+        print(f"  {name:<60} {figure.spread():<34} {target or ''} {figure.verdict()}", flush=True)
+        return figure
+
     def agent(self, name: str, providers: list[dict[str, Any]]) -> agentproc.Agent:
-        agent = agentproc.start_agent(
-            self.root / name,
-            node=name,
-            kubeconfig=self.cluster.kubeconfig,
-            ca=self.cluster.pki.ca.cert,
-            providers=providers,
-        )
-        agentproc.wait_until(
-            lambda: agent.rest_url() or not agent.alive(), timeout=120, what="the agent's REST API"
-        )
-        if not agent.alive():
-            raise RuntimeError(f"agent {name} exited:\n{agent.log_text()[-3000:]}")
-        return agent
+        return self.subjects.agent(name, providers)
 
     async def stop(self, client: httpx.AsyncClient, agent: agentproc.Agent, ns: str) -> None:
-        with contextlib.suppress(Exception):
-            await runs.delete_pods(client, ns, "bench-run")
-            await runs.wait_pods_gone(client, ns, "bench-run")
-        agent.stop()
-        agentproc.reap_runners(self.root / agent.node)
-        await client.delete(f"/api/v1/nodes/{agent.node}")
-        await runs.delete_namespace(client, ns)
+        await self.subjects.stop_agent(client, agent, ns)
 
-    # --- 1. the raw baseline ------------------------------------------------------------
+    # --- 1 and 3. rounds ----------------------------------------------------------------
 
-    async def raw(self, client: httpx.AsyncClient) -> runs.RunResult:
-        node = "bench-raw"
-        response = await client.post("/api/v1/nodes", json=node_manifest(node))
-        if response.status_code != 409:
-            await check(response)
-        raw = agentproc.Child(
-            [sys.executable, "-m", "bench.raw", "--node", node, *self.endpoint.args()],
-            self.root / "raw.log",
+    async def rounds(
+        self,
+        client: httpx.AsyncClient,
+        subjects: Sequence[str],
+        *,
+        count: int,
+        rounds: int,
+        label: str,
+        deletion: bool = False,
+    ) -> list[dict[str, Measured]]:
+        """``rounds`` rounds of ``subjects`` at ``count`` pods, the order rotated each round."""
+        taken: list[dict[str, Measured]] = []
+        for index in range(rounds):
+            order = rotated(list(subjects), index)
+            print(f"{label} round {index + 1}/{rounds}: {', '.join(order)}", flush=True)
+            measured: dict[str, Measured] = {}
+            for subject in order:
+                measured[subject] = await self.subjects.run(
+                    client, subject, count=count, tag=f"{label}{index}", deletion=deletion
+                )
+                print(f"    {subject:<8} {runs.summary(measured[subject].result)}", flush=True)
+            taken.append(measured)
+        return taken
+
+    def throughput_figures(self, rounds: list[dict[str, Measured]], count: int) -> None:
+        """The figures of the rounds at ``count`` pods (the issue's targets at 1,000)."""
+
+        def ratios(subject: str, anchor: str) -> list[float]:
+            return [
+                ratio(r[subject].result.throughput, r[anchor].result.throughput)
+                for r in rounds
+                if subject in r and anchor in r
+            ]
+
+        def p99(subject: str) -> list[float]:
+            return [m.result.percentile(0.99) for m in _per_round(rounds, subject)]
+
+        for subject in ("raw", "kwok", "memory", "local"):
+            self.figure(
+                f"{subject}: pods/s bind→Running ({count} pods)",
+                [m.result.throughput for m in _per_round(rounds, subject)],
+                " pods/s",
+            )
+        self.figure(
+            f"memory vs KWOK throughput ({count})",
+            ratios("memory", "kwok"),
+            "x",
+            Target(">=", 1.0, "x"),
         )
-        raw.start()
-        try:
-            result = await runs.measure(
-                client,
-                node=node,
-                namespace="bench-raw",
-                count=self.pods,
-                run="raw",
-                command=SLEEP,
-                pid=lambda: raw.pid,
-            )
-        finally:
-            raw.stop()
-            await runs.delete_pods(client, "bench-raw", "bench-run")
-            await client.delete(f"/api/v1/nodes/{node}")
-            await runs.delete_namespace(client, "bench-raw")
-        self.row("raw baseline: bind→Running", runs.summary(result))
-        return result
-
-    # --- 2. the memory provider ---------------------------------------------------------
-
-    async def memory(self, client: httpx.AsyncClient, base: runs.RunResult) -> runs.RunResult:
-        agent = self.agent("bench-mem", [memory_provider(self.pods + 10)])
-        try:
-            await asyncio.sleep(5)  # a few reconcile cycles: what idle means
-            idle = agentproc.rss_mib(agent.pid)
-            before = agent.metrics()
-            result = await runs.measure(
-                client,
-                node=agent.node,
-                namespace="bench-mem",
-                count=self.pods,
-                run="mem",
-                command=SLEEP,
-                pid=lambda: agent.pid,
-            )
-            await asyncio.sleep(6)  # the status polls and reconcile cycles of Running pods
-            after = agent.metrics()
-            # Idle: the pods Running, nothing changing; what the agent spends holding them.
-            cpu_before, idle_started = agentproc.cpu_seconds(agent.pid), time.monotonic()
-            await asyncio.sleep(self.idle_seconds)
-            idle_cpu = (agentproc.cpu_seconds(agent.pid) - cpu_before) / (
-                time.monotonic() - idle_started
-            )
-            self.row("memory provider: bind→Running", runs.summary(result))
-            self.row("  throughput vs raw baseline", f"{result.throughput / base.throughput:.2f}x")
-            self.report_calls(result, base)
-            self.row("  agent CPU-seconds per pod", f"{(result.cpu_seconds or 0) / self.pods:.4f}")
-            self.row(
-                "  raw baseline CPU-seconds per pod", f"{(base.cpu_seconds or 0) / base.pods:.4f}"
-            )
-            self.row(
-                f"  agent CPU holding {self.pods} pods, nothing changing",
-                f"{idle_cpu * 100:.1f}% of a core (over {self.idle_seconds:.0f} s)",
-            )
-            self.row("  agent RSS idle", f"{idle:.0f} MiB")
-            self.row(f"  agent RSS with {self.pods} pods Running", f"{result.rss_mib:.0f} MiB")
-            cycles = after.get("vk_provider_reconcile_duration_seconds_count", 0) - before.get(
-                "vk_provider_reconcile_duration_seconds_count", 0
-            )
-            lists = sum(
-                v - before.get(k, 0)
-                for k, v in after.items()
-                if k.startswith("vk_provider_request_duration_seconds_count")
-                and "[operation=list" in k
-            )
-            self.row(
-                "  provider list calls per reconcile cycle (1 provider)",
-                f"{lists / cycles:.2f}" if cycles else "no cycle",
-            )
-        finally:
-            await self.stop(client, agent, "bench-mem")
-        return result
-
-    async def rss(self, client: httpx.AsyncClient, rss_pods: int) -> None:
-        """The agent's RSS with ``rss_pods`` pods Running (memory provider): last, so the
-        throughput runs before it all start on the same settled cluster."""
-        agent = self.agent("bench-rss", [memory_provider(rss_pods + 10)])
-        try:
-            result = await runs.measure(
-                client,
-                node=agent.node,
-                namespace="bench-rss",
-                count=rss_pods,
-                run="rss",
-                command=SLEEP,
-                pid=lambda: agent.pid,
-                deadline_seconds=3600,
-            )
-            await asyncio.sleep(6)  # the status polls and reconcile cycles of Running pods
-            self.row(
-                f"agent RSS with {rss_pods} pods Running", f"{agentproc.rss_mib(agent.pid):.0f} MiB"
-            )
-            self.row(f"  ({rss_pods} pods: bind→Running)", runs.summary(result))
-        finally:
-            await self.stop(client, agent, "bench-rss")
-
-    def report_calls(self, result: runs.RunResult, base: runs.RunResult) -> None:
-        calls = ", ".join(
-            f"{verb} {res}{'/' + sub if sub else ''} {count / result.pods:.2f}"
-            for (verb, res, sub), count in sorted(result.calls.items())
+        self.figure(f"memory vs minimal client throughput ({count})", ratios("memory", "raw"), "x")
+        self.figure(f"KWOK vs minimal client throughput ({count})", ratios("kwok", "raw"), "x")
+        self.figure(
+            f"memory p99 bind→Running ({count})", p99("memory"), " s", Target("<=", 1.0, " s")
         )
-        self.row("  API calls per pod (pods, events)", calls)
-        self.row(
-            "  API writes / GETs per pod (agent)",
-            f"{result.writes_per_pod:.2f} / {result.gets_per_pod:.2f}",
+        self.figure(
+            f"local vs minimal client throughput ({count})",
+            ratios("local", "raw"),
+            "x",
+            Target(">=", 0.5, "x"),
         )
-        self.row(
-            "  API writes / GETs per pod (raw baseline)",
-            f"{base.writes_per_pod:.2f} / {base.gets_per_pod:.2f}",
+        self.figure(
+            f"local p99 bind→Running ({count})", p99("local"), " s", Target("<=", 5.0, " s")
+        )
+        self.figure(f"minimal client p99 bind→Running ({count})", p99("raw"), " s")
+        self.figure(f"KWOK p99 bind→Running ({count})", p99("kwok"), " s")
+        memory = _per_round(rounds, "memory")
+        self.figure(
+            f"memory: agent CPU holding {count} pods, nothing changing",
+            [m.idle_cpu * 100 for m in memory],
+            "% of a core",
+            Target("<=", 2.0, "%"),
+        )
+        self.figure(
+            f"local: agent CPU holding {count} pods, nothing changing",
+            [m.idle_cpu * 100 for m in _per_round(rounds, "local")],
+            "% of a core",
+        )
+        self.figure(
+            f"local: per-pod provider status reads while idle ({count} pods)",
+            [m.idle_gets for m in _per_round(rounds, "local")],
+            " per pod",
+            Target("<=", 0.0),
+        )
+        self.figure(
+            f"memory: agent RSS holding {count} pods",
+            [m.result.rss_mib or math.nan for m in memory],
+            " MiB",
+            Target("<=", 110.0, " MiB"),
+        )
+        self.figure(
+            f"KWOK RSS holding {count} pods",
+            [m.result.rss_mib or math.nan for m in _per_round(rounds, "kwok")],
+            " MiB",
+        )
+        self.figure(
+            "memory: API writes per pod (pods, events)",
+            [m.result.writes_per_pod for m in memory],
+            "",
+            Target("<=", 3.0),
+        )
+        for subject in ("raw", "kwok"):
+            self.figure(
+                f"{subject}: API writes per pod (pods, events)",
+                [m.result.writes_per_pod for m in _per_round(rounds, subject)],
+            )
+        self.figure(
+            "memory: API GETs per pod",
+            [m.result.gets_per_pod for m in memory],
+            "",
+            Target("<=", 0.0),
+        )
+        for subject in ("raw", "kwok", "memory", "local"):
+            self.figure(
+                f"{subject}: CPU-seconds per pod",
+                [
+                    (m.result.cpu_seconds or math.nan) / m.result.pods
+                    for m in _per_round(rounds, subject)
+                ],
+                " s",
+            )
+        self.figure(
+            "memory: provider list calls per reconcile cycle (1 provider)",
+            [m.lists_per_cycle for m in memory],
+            "",
+            Target("<=", 1.0),
         )
 
-    # --- 3. the local provider ----------------------------------------------------------
+    def large_figures(self, rounds: list[dict[str, Measured]], count: int) -> None:
+        memory, kwok = _per_round(rounds, "memory"), _per_round(rounds, "kwok")
+        self.figure(
+            f"memory vs KWOK throughput ({count})",
+            [ratio(r["memory"].result.throughput, r["kwok"].result.throughput) for r in rounds],
+            "x",
+            Target(">=", 1.0, "x"),
+        )
+        self.figure(
+            f"memory p99 bind→Running ({count})",
+            [m.result.percentile(0.99) for m in memory],
+            " s",
+            Target("<=", 5.0, " s"),
+        )
+        self.figure(
+            f"KWOK p99 bind→Running ({count})", [m.result.percentile(0.99) for m in kwok], " s"
+        )
+        self.figure(
+            f"memory: agent CPU holding {count} pods, nothing changing",
+            [m.idle_cpu * 100 for m in memory],
+            "% of a core",
+            Target("<=", 10.0, "%"),
+        )
+        self.figure(
+            f"memory: agent RSS holding {count} pods",
+            [m.result.rss_mib or math.nan for m in memory],
+            " MiB",
+            Target("<=", 250.0, " MiB"),
+        )
+        self.figure(
+            f"memory: graceful deletion of {count} pods", [m.deletion_seconds for m in memory], " s"
+        )
+        self.figure(
+            f"KWOK: graceful deletion of {count} pods", [m.deletion_seconds for m in kwok], " s"
+        )
+        self.figure(
+            f"memory vs KWOK deletion time ({count})",
+            [ratio(r["memory"].deletion_seconds, r["kwok"].deletion_seconds) for r in rounds],
+            "x",
+            Target("<=", 1.0, "x"),
+        )
 
-    async def local(self, client: httpx.AsyncClient, base: runs.RunResult) -> runs.RunResult:
-        agent = self.agent("bench-local", [local_provider("local-a", 0.1, self.pods + 10)])
-        try:
-            result = await runs.measure(
-                client,
-                node=agent.node,
-                namespace="bench-local",
-                count=self.pods,
-                run="local",
-                command=SLEEP,
-                pid=lambda: agent.pid,
-            )
-            self.row("local provider: bind→Running", runs.summary(result))
-            self.row("  throughput vs raw baseline", f"{result.throughput / base.throughput:.2f}x")
-            self.row("  agent CPU-seconds per pod", f"{(result.cpu_seconds or 0) / self.pods:.4f}")
-        finally:
-            await self.stop(client, agent, "bench-local")
-        return result
+    # --- 2. the burst -------------------------------------------------------------------
+
+    async def burst(self, client: httpx.AsyncClient, count: int, rounds: int) -> None:
+        """``count`` pods bound at once to an agent with three in-memory providers whose
+        instances take ``BURST_START_SECONDS`` to start, none able to take all of them."""
+        share = count // BURST_PROVIDERS + 5
+        slowest: list[float] = []
+        creates: list[float] = []
+        for index in range(rounds):
+            providers = [
+                memory_provider(
+                    share,
+                    f"burst{i}",
+                    price=0.1 + i / 100,
+                    offer={"startup_seconds": BURST_START_SECONDS},
+                )
+                for i in range(BURST_PROVIDERS)
+            ]
+            name = f"bench-burst-{index}"
+            agent = self.agent(name, providers)
+            try:
+                before = agent.metrics()
+                result = await runs.measure(
+                    client,
+                    node=name,
+                    namespace=name,
+                    count=count,
+                    run="burst",
+                    command=SLEEP,
+                    pid=partial(getattr, agent, "pid"),
+                )
+                after = agent.metrics()
+                slowest.append(result.percentile(1.0))
+                creates.append(agentproc.operation_calls(before, after, "create") / count)
+                print(f"    burst    {runs.summary(result)}", flush=True)
+            finally:
+                await self.stop(client, agent, name)
+        self.figure(
+            f"burst: {count} pods on {BURST_PROVIDERS} providers ({BURST_START_SECONDS:.0f} s "
+            "start), slowest bind→Running",
+            slowest,
+            " s",
+            Target("<=", 10.0, " s"),
+        )
+        self.figure("burst: provider creates per pod", creates, "", Target("<=", 1.0))
 
     # --- 4 and 5. freed slot, outage ----------------------------------------------------
 
@@ -280,7 +341,7 @@ class Bench:
         base = "/api/v1/namespaces/" + ns + "/pods"
         names = [f"slot-{i}" for i in range(3)]
         for name in names:
-            body = runs.pod_manifest(name, node, command=SLEEP, labels={"bench-run": "slot"})
+            body = pod_manifest(name, node, command=SLEEP, labels={"bench-run": "slot"})
             body["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
             body["metadata"]["annotations"] = {"vk-provider.io/gpu": "L4"}
             await check(await client.post(base, json=body))
@@ -402,22 +463,46 @@ async def measure_on(cluster: LocalCluster, args: argparse.Namespace, root: Path
     endpoint = Endpoint(server, cluster.pki.ca.cert, cluster.pki.admin.cert, cluster.pki.admin.key)
     bench = Bench(root, cluster, endpoint, args.pods)
     bench.slot_wait = args.slot_wait
-    bench.idle_seconds = args.idle_seconds
-    print(f"vk-provider bench: {args.pods} pods, RSS at {args.rss_pods}", flush=True)
+    bench.subjects.idle_seconds = args.idle_seconds
+    print(
+        f"vk-provider bench: {args.rounds} rounds at {args.pods} pods, "
+        f"{args.large_rounds} at {args.large_pods}, a burst of {args.burst_pods}",
+        flush=True,
+    )
     try:
         async with endpoint.client(connections=40) as client:
-            base = await bench.raw(client)
-            await bench.memory(client, base)
-            if not args.skip_local:
-                await bench.local(client, base)
+            subjects = [s for s in SUBJECTS if s != "local" or not args.skip_local]
+            if args.rounds > 0:
+                taken = await bench.rounds(
+                    client, subjects, count=args.pods, rounds=args.rounds, label="r"
+                )
+                bench.throughput_figures(taken, args.pods)
+                last = taken[-1]["memory"].result
+                bench.row(
+                    "memory: API calls per pod (pods, events), last round",
+                    ", ".join(
+                        f"{verb} {res}{'/' + sub if sub else ''} {n / last.pods:.2f}"
+                        for (verb, res, sub), n in sorted(last.calls.items())
+                    ),
+                )
+            if args.burst_pods > 0:
+                await bench.burst(client, args.burst_pods, max(args.rounds, 1))
+            if args.large_pods > 0 and args.large_rounds > 0:
+                large = await bench.rounds(
+                    client,
+                    ["kwok", "memory"],
+                    count=args.large_pods,
+                    rounds=args.large_rounds,
+                    label="l",
+                    deletion=True,
+                )
+                bench.large_figures(large, args.large_pods)
             if not args.skip_recovery:
                 await bench.recovery(client, args.outage_pods)
-            if args.rss_pods > 0:
-                await bench.rss(client, args.rss_pods)
         from bench import placement
 
-        ratio = placement.speedup(repeats=3)
-        bench.row("place() vs single-pass baseline (500 offers)", f"{ratio:.2f}x decisions/s")
+        speedup = placement.speedup(repeats=3)
+        bench.row("place() vs single-pass baseline (500 offers)", f"{speedup:.2f}x decisions/s")
         launched = [*runner_command(Path("x"), startup_seconds=0)[:4], "--help"]
         plain = [sys.executable, "-m", "vk_provider_adapters.local.runner", "--help"]
         bench.row(
@@ -430,8 +515,10 @@ async def measure_on(cluster: LocalCluster, args: argparse.Namespace, root: Path
         )
     finally:
         agentproc.reap_runners(root)
-    lines = [f"| {what.strip()} | {value} |" for what, value in bench.rows]
-    print("\nsummary\n| measure | figure |\n|---|---|")
+    lines = table(bench.figures)
+    lines += ["", "| measure | figure |", "|---|---|"]
+    lines += [f"| {what.strip()} | {value} |" for what, value in bench.rows]
+    print("\nsummary")
     print("\n".join(lines), flush=True)
     return lines
 
@@ -443,7 +530,19 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--pods", type=int, default=1000, help="pods per throughput run")
-    parser.add_argument("--rss-pods", type=int, default=10000, help="pods for the RSS figure")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="throughput rounds, rotated (0: none)"
+    )
+    parser.add_argument(
+        "--large-pods", type=int, default=10000, help="pods per large run (0: none)"
+    )
+    parser.add_argument("--large-rounds", type=int, default=3)
+    parser.add_argument(
+        "--burst-pods",
+        type=int,
+        default=200,
+        help="pods bound at once to three providers (0: no burst)",
+    )
     parser.add_argument("--outage-pods", type=int, default=50)
     parser.add_argument(
         "--slot-wait", type=float, default=20.0, help="how long a pod waits before a slot frees"
@@ -452,7 +551,7 @@ def parser() -> argparse.ArgumentParser:
         "--idle-seconds",
         type=float,
         default=30.0,
-        help="how long the agent's CPU is measured holding the memory run's pods, unchanged",
+        help="how long the agent's CPU is measured holding a run's pods, unchanged",
     )
     parser.add_argument("--skip-local", action="store_true")
     parser.add_argument("--skip-recovery", action="store_true")

@@ -109,6 +109,21 @@ class Agent(Child):
         return totals
 
 
+def operation_calls(before: dict[str, float], after: dict[str, float], operation: str) -> float:
+    """Provider calls of ``operation`` (every provider) between two ``Agent.metrics()``."""
+    prefix = "vk_provider_request_duration_seconds_count"
+    return sum(
+        value - before.get(key, 0.0)
+        for key, value in after.items()
+        if key.startswith(prefix) and f"[operation={operation}]" in key
+    )
+
+
+def reconcile_cycles(before: dict[str, float], after: dict[str, float]) -> float:
+    key = "vk_provider_reconcile_duration_seconds_count"
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
 def start_agent(
     root: Path, *, node: str, kubeconfig: Path, ca: Path, providers: list[dict[str, Any]]
 ) -> Agent:

@@ -112,6 +112,55 @@ async def wait_pods_gone(client: httpx.AsyncClient, namespace: str, selector: st
     raise RuntimeError(f"pods {selector} in {namespace} still there after 600s")
 
 
+async def delete_gracefully(
+    client: httpx.AsyncClient,
+    *,
+    node: str,
+    namespace: str,
+    run: str,
+    count: int,
+    grace_seconds: int = 30,
+    delete_concurrency: int = 32,
+    deadline_seconds: float = 900.0,
+) -> float:
+    """Delete the run's ``count`` pods (named as ``measure`` named them) with a grace period,
+    one DELETE each with ``delete_concurrency`` in flight (as a ReplicaSet scaled down
+    deletes), so the node agent must finish each: end its instance, then remove the pod.
+    Returns the seconds from the first delete call to the last pod's removal, as the
+    driver's watch saw it."""
+    gone: set[str] = set()
+    all_gone = asyncio.Event()
+
+    async def watcher() -> None:
+        async for kind, pod in watch_pods(client, node):
+            meta = pod["metadata"]
+            if meta.get("namespace") == namespace and kind == "DELETED":
+                gone.add(meta["name"])
+                if len(gone) >= count:
+                    all_gone.set()
+
+    gate = asyncio.Semaphore(delete_concurrency)
+
+    async def delete(i: int) -> None:
+        async with gate:
+            response = await client.delete(
+                f"/api/v1/namespaces/{namespace}/pods/{run}-{i:05d}",
+                params={"gracePeriodSeconds": grace_seconds},
+            )
+            if response.status_code != 404:  # gone already: the watch has seen it
+                await check(response)
+
+    watch = asyncio.create_task(watcher())
+    await asyncio.sleep(0.5)  # the watch is established before the first delete
+    started = time.monotonic()
+    try:
+        await asyncio.gather(*(delete(i) for i in range(count)))
+        await asyncio.wait_for(all_gone.wait(), deadline_seconds)
+    finally:
+        watch.cancel()
+    return time.monotonic() - started
+
+
 async def measure(
     client: httpx.AsyncClient,
     *,

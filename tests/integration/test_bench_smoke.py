@@ -16,20 +16,26 @@ from vk_provider_dev.cluster.cluster import LocalCluster
 pytestmark = pytest.mark.integration
 
 ROWS = (
-    "raw baseline: bind→Running",
-    "memory provider: bind→Running",
-    "throughput vs raw baseline",
-    "API writes / GETs per pod (agent)",
-    "agent CPU-seconds per pod",
-    "agent RSS idle",
-    "provider list calls per reconcile cycle",
-    "agent CPU holding 3 pods, nothing changing",
-    "local provider: bind→Running",
+    "| figure | min / median / max | target | median |",
+    "raw: pods/s bind→Running (3 pods)",
+    "kwok: pods/s bind→Running (3 pods)",
+    "memory vs KWOK throughput (3)",
+    "local vs minimal client throughput (3)",
+    "memory p99 bind→Running (3)",
+    "memory: agent CPU holding 3 pods, nothing changing",
+    "local: per-pod provider status reads while idle (3 pods)",
+    "memory: agent RSS holding 3 pods",
+    "memory: API writes per pod",
+    "memory: provider list calls per reconcile cycle",
+    "burst: 4 pods on 3 providers",
+    "burst: provider creates per pod",
+    "memory vs KWOK throughput (4)",
+    "memory vs KWOK deletion time (4)",
+    "memory: agent RSS holding 4 pods",
     "freed slot → reused",
     "outage of 2 pods → all replaced",
     "place() vs single-pass baseline",
     "local runner start",
-    "agent RSS with 4 pods Running",
 )
 
 
@@ -40,7 +46,13 @@ async def test_the_bench_prints_its_table_at_tiny_sizes(
         [
             "--pods",
             "3",
-            "--rss-pods",
+            "--rounds",
+            "1",
+            "--large-pods",
+            "4",
+            "--large-rounds",
+            "1",
+            "--burst-pods",
             "4",
             "--outage-pods",
             "2",
@@ -54,5 +66,7 @@ async def test_the_bench_prints_its_table_at_tiny_sizes(
     printed = capsys.readouterr().out
     for row in ROWS:
         assert any(row in line for line in lines), (row, printed)
+    # Every figure of the run was taken (a subject that failed would leave "not taken").
+    assert not [line for line in lines if "not taken" in line], printed
     assert "| measure | figure |" in printed
     assert bench_main.agentproc.reap_runners(tmp_path) == 0  # nothing left running
