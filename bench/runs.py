@@ -12,6 +12,7 @@ watch) are subtracted from the API counts, so what is left is the node agent's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -112,6 +113,24 @@ async def wait_pods_gone(client: httpx.AsyncClient, namespace: str, selector: st
     raise RuntimeError(f"pods {selector} in {namespace} still there after 600s")
 
 
+async def wait_watching(event: asyncio.Event, watch: asyncio.Task[None], seconds: float) -> None:
+    """Wait for ``event``; raise what ended ``watch`` if it ended first (a crashed watch is
+    reported as itself, not as a timeout), ``TimeoutError`` after ``seconds``."""
+    waiter = asyncio.create_task(event.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {waiter, watch}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        waiter.cancel()
+    if waiter in done:
+        return
+    if watch in done:
+        watch.result()  # raises what ended it
+        raise RuntimeError("the driver's watch ended")
+    raise TimeoutError(f"not done after {seconds:.0f}s")
+
+
 async def delete_gracefully(
     client: httpx.AsyncClient,
     *,
@@ -151,14 +170,29 @@ async def delete_gracefully(
                 await check(response)
 
     watch = asyncio.create_task(watcher())
-    await asyncio.sleep(0.5)  # the watch is established before the first delete
+    await asyncio.sleep(0.5)  # the watch is usually established before the first delete
     started = time.monotonic()
     try:
         await asyncio.gather(*(delete(i) for i in range(count)))
-        await asyncio.wait_for(all_gone.wait(), deadline_seconds)
+        deadline = started + deadline_seconds
+        while True:
+            # The watch may have listed after the first pods went, or re-listed past some
+            # DELETED events: then the listing, polled, says when the last one went.
+            with contextlib.suppress(TimeoutError):
+                await wait_watching(all_gone, watch, 2.0)
+                return time.monotonic() - started
+            remaining = await check(
+                await client.get(
+                    f"/api/v1/namespaces/{namespace}/pods",
+                    params={"labelSelector": f"bench-run={run}", "limit": "1"},
+                )
+            )
+            if not remaining.get("items"):
+                return time.monotonic() - started
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{run}: pods left {deadline_seconds:.0f}s after deletion")
     finally:
         watch.cancel()
-    return time.monotonic() - started
 
 
 async def measure(
@@ -212,7 +246,7 @@ async def measure(
 
     try:
         await asyncio.gather(*(create(i) for i in range(count)))
-        await asyncio.wait_for(all_running.wait(), deadline_seconds)
+        await wait_watching(all_running, watch, deadline_seconds)
     finally:
         watch.cancel()
     ended = max(running.values())

@@ -12,9 +12,10 @@ someone else's until that Lease expires) and a namespace of its own, deleted and
 after it, so each run starts on the same settled server. Each process runs only for its own
 run: nothing of one subject watches the API server during another's.
 
-``Subject.run`` returns a ``runs.RunResult`` with the process's CPU and RSS, and for the
-agent with the memory provider its idle CPU holding the pods; with ``deletion`` the pods
-are then deleted gracefully and the time until the last is gone is kept.
+``Subjects.run`` returns a ``Measured``: the ``runs.RunResult`` with the process's CPU and
+RSS and, for the agent, its idle CPU and per-pod provider reads holding the pods and its
+list calls per reconcile cycle; with ``deletion`` (KWOK, memory) the pods are then deleted
+gracefully and the time until the last is gone is kept.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ import httpx
 from bench import agentproc, runs
 from bench.figures import ratio
 from bench.kube import Endpoint, check, node_manifest
+from bench.raw import LISTED
 from vk_provider_dev.cluster.cluster import LocalCluster
 from vk_provider_dev.cluster.flip.kwok import gpu_node, start_kwok
 from vk_provider_dev.cluster.flip.tools import ensure_kwok
@@ -80,11 +83,18 @@ class Subjects:
             ca=self.cluster.pki.ca.cert,
             providers=providers,
         )
-        agentproc.wait_until(
-            lambda: agent.rest_url() or not agent.alive(), timeout=120, what="the agent's REST API"
-        )
-        if not agent.alive():
-            raise RuntimeError(f"agent {name} exited:\n{agent.log_text()[-3000:]}")
+        try:
+            agentproc.wait_until(
+                lambda: agent.rest_url() or not agent.alive(),
+                timeout=120,
+                what="the agent's REST API",
+            )
+            if not agent.alive():
+                raise RuntimeError(f"agent {name} exited:\n{agent.log_text()[-3000:]}")
+        except BaseException:
+            agent.stop()
+            agentproc.reap_runners(self.root / name)
+            raise
         return agent
 
     async def stop_agent(
@@ -121,15 +131,23 @@ class Subjects:
 
     async def raw(self, client: httpx.AsyncClient, *, count: int, tag: str) -> Measured:
         node, namespace = f"bench-raw-{tag}", f"bench-raw-{tag}"
-        response = await client.post("/api/v1/nodes", json=node_manifest(node))
-        if response.status_code != 409:
-            await check(response)
         raw = agentproc.Child(
             [sys.executable, "-m", "bench.raw", "--node", node, *self.endpoint.args()],
             self.root / f"{node}.log",
         )
-        raw.start()
         try:
+            response = await client.post("/api/v1/nodes", json=node_manifest(node))
+            if response.status_code != 409:
+                await check(response)
+            raw.start()
+            # Started, imported and listing, as the agent and KWOK are before their runs.
+            agentproc.wait_until(
+                lambda: LISTED in raw.log_text() or not raw.alive(),
+                timeout=60,
+                what="the minimal client's first listing",
+            )
+            if not raw.alive():
+                raise RuntimeError(f"bench.raw exited:\n{raw.log_text()[-3000:]}")
             result = await runs.measure(
                 client,
                 node=node,
@@ -152,14 +170,15 @@ class Subjects:
     ) -> Measured:
         node, namespace = f"bench-kwok-{tag}", f"bench-kwok-{tag}"
         manifest = gpu_node(node, gpus=0, pods=count + 10, pool="bench")
-        await check(await client.post("/api/v1/nodes", json=manifest))
-        kwok = start_kwok(
-            ensure_kwok(),
-            kubeconfig=self.cluster.kubeconfig,
-            directory=self.root / node,
-            pod_complete=False,
-        )
+        kwok = None
         try:
+            await check(await client.post("/api/v1/nodes", json=manifest))
+            kwok = start_kwok(
+                ensure_kwok(),
+                kubeconfig=self.cluster.kubeconfig,
+                directory=self.root / node,
+                pod_complete=False,
+            )
             await _node_ready(client, node)
             result = await runs.measure(
                 client,
@@ -168,7 +187,7 @@ class Subjects:
                 count=count,
                 run="kwok",
                 command=SLEEP,
-                pid=lambda: kwok.child.pid,
+                pid=partial(getattr, kwok.child, "pid"),
             )
             measured = Measured(result)
             if deletion:
@@ -179,7 +198,8 @@ class Subjects:
             with contextlib.suppress(Exception):
                 await runs.delete_pods(client, namespace, "bench-run")
                 await runs.wait_pods_gone(client, namespace, "bench-run")
-            kwok.stop()
+            if kwok is not None:
+                kwok.stop()
             await client.delete(f"/api/v1/nodes/{node}")
             await runs.delete_namespace(client, namespace)
         return measured

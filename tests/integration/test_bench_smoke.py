@@ -66,7 +66,8 @@ async def test_the_bench_prints_its_table_at_tiny_sizes(
     printed = capsys.readouterr().out
     for row in ROWS:
         assert any(row in line for line in lines), (row, printed)
-    # Every figure of the run was taken (a subject that failed would leave "not taken").
+    # Every figure was taken: none is "not taken" (a figure whose every round gave no value,
+    # a ratio over nothing); a subject that fails raises and fails the run itself.
     assert not [line for line in lines if "not taken" in line], printed
     assert "| measure | figure |" in printed
     assert bench_main.agentproc.reap_runners(tmp_path) == 0  # nothing left running
