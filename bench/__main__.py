@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -281,15 +280,7 @@ class Bench:
             agent = self.agent(name, providers)
             try:
                 before = agent.metrics()
-                result = await runs.measure(
-                    client,
-                    node=name,
-                    namespace=name,
-                    count=count,
-                    run="burst",
-                    command=SLEEP,
-                    pid=partial(getattr, agent, "pid"),
-                )
+                result = await self.subjects.measure(client, name, "burst", count, agent.pid)
                 after = agent.metrics()
                 slowest.append(result.percentile(1.0))
                 creates.append(agentproc.operation_calls(before, after, "create") / count)

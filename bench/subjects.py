@@ -26,7 +26,6 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +107,15 @@ class Subjects:
         await client.delete(f"/api/v1/nodes/{agent.node}")
         await runs.delete_namespace(client, namespace)
 
+    async def measure(
+        self, client: httpx.AsyncClient, node: str, run: str, count: int, pid: int
+    ) -> runs.RunResult:
+        """``runs.measure`` of ``count`` pods bound to ``node`` (its namespace has the node's
+        name), the CPU and RSS those of process ``pid``."""
+        return await runs.measure(
+            client, node=node, namespace=node, count=count, run=run, command=SLEEP, pid=lambda: pid
+        )
+
     async def run(
         self,
         client: httpx.AsyncClient,
@@ -148,15 +156,7 @@ class Subjects:
             )
             if not raw.alive():
                 raise RuntimeError(f"bench.raw exited:\n{raw.log_text()[-3000:]}")
-            result = await runs.measure(
-                client,
-                node=node,
-                namespace=namespace,
-                count=count,
-                run="raw",
-                command=SLEEP,
-                pid=lambda: raw.pid,
-            )
+            result = await self.measure(client, node, "raw", count, raw.pid)
         finally:
             raw.stop()
             with contextlib.suppress(Exception):
@@ -180,15 +180,7 @@ class Subjects:
                 pod_complete=False,
             )
             await _node_ready(client, node)
-            result = await runs.measure(
-                client,
-                node=node,
-                namespace=namespace,
-                count=count,
-                run="kwok",
-                command=SLEEP,
-                pid=partial(getattr, kwok.child, "pid"),
-            )
+            result = await self.measure(client, node, "kwok", count, kwok.child.pid)
             measured = Measured(result)
             if deletion:
                 measured.deletion_seconds = await runs.delete_gracefully(
@@ -232,15 +224,7 @@ class Subjects:
         agent = self.agent(name, providers)
         try:
             before = agent.metrics()
-            result = await runs.measure(
-                client,
-                node=name,
-                namespace=namespace,
-                count=count,
-                run=run,
-                command=SLEEP,
-                pid=lambda: agent.pid,
-            )
+            result = await self.measure(client, name, run, count, agent.pid)
             measured = await self.idle(agent, result)
             after = agent.metrics()
             measured.lists_per_cycle = ratio(
