@@ -44,12 +44,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import random
 import shutil
 import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 
 from vk_provider.sdk import (
@@ -83,6 +85,7 @@ from vk_provider_adapters.local.layout import (
 )
 from vk_provider_adapters.local.logs import stream_log
 from vk_provider_adapters.local.netns import namespace_path, reached_at
+from vk_provider_adapters.local.observations import Observations
 from vk_provider_adapters.local.observe import exposed_ports, observe
 from vk_provider_adapters.local.portforward import open_local_port
 from vk_provider_adapters.local.processes import signal_runner
@@ -165,6 +168,7 @@ class LocalProvider:
         # by create and release. A create's capacity check counts it (no file read) and
         # looks at the sku's instances only when the count says full.
         self._index: dict[str, set[str]] | None = None
+        self._observations = Observations()  # the listing's, one read per change
         # Forks each instance's runner from one waiting process (``spawner.py``).
         self._spawner = Spawner(self._state_dir, namespace=config.network_namespace)
         # Where the agent's probes and port-forwards reach this provider's processes.
@@ -320,6 +324,12 @@ class LocalProvider:
         network = podnet.read(directory) if self._config.pod_network is not None else None
         ip = network.address if network is not None else self._host
         return observe(directory, provider=self.name, ip=ip)
+
+    def _read(self, directory: Path) -> tuple[Record, Instance] | None:
+        """The instance's record and its observation, read afresh."""
+        record = read_record(directory)
+        instance = self._observe(directory) if record is not None else None
+        return (record, instance) if record is not None and instance is not None else None
 
     def _reserve_network(self, directory: Path) -> podnet.PodNetwork | None:
         """A /30 of ``pod_network`` for the instance in ``directory``, recorded there."""
@@ -504,15 +514,20 @@ class LocalProvider:
         Rebuilds the index (another process may have made or removed instances)."""
         found: list[tuple[Record, Instance]] = []
         index: dict[str, set[str]] = {}
-        for directory in sorted(self._state_dir.iterdir()):
-            if not INSTANCE_ID.fullmatch(directory.name) or not directory.is_dir():
-                continue
-            if directory.name in self._claims:
+        with os.scandir(self._state_dir) as entries:  # names and types in one read
+            names = sorted(
+                e.name
+                for e in entries
+                if INSTANCE_ID.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
+            )
+        for name in names:
+            if name in self._claims:
                 continue  # being written by a create under way: listed once it is whole
-            record = read_record(directory)
-            instance = self._observe(directory)
-            if record is None or instance is None:
+            directory = self._state_dir / name
+            observed = self._observations.observe(directory, partial(self._read, directory))
+            if observed is None:
                 continue
+            record, instance = observed
             if instance.state is InstanceState.TERMINATED:
                 self._release(directory)
                 continue
@@ -522,6 +537,7 @@ class LocalProvider:
         for instance_id, sku in self._claims.items():  # creates under way hold their room
             index.setdefault(sku, set()).add(instance_id)
         self._index = index
+        self._observations.keep_only(self._state_dir / r.instance_id for r, _ in found)
         return found
 
     def _unindex(self, instance_id: str) -> None:
