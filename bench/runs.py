@@ -250,10 +250,11 @@ async def measure(
     finally:
         watch.cancel()
     ended = max(running.values())
-    # The agent writes Events after the status, off the sync path: give the last ones a
-    # moment to land before counting, so they are counted (throughput is taken above).
+    # The agent writes Events after the statuses, at a kubelet's rate (events.qps): wait
+    # until the last have landed before counting, so they are counted (throughput is taken
+    # above, at the last Running).
     await asyncio.sleep(settle_seconds)
-    after = await request_counts(client)
+    after = await settled_counts(client)
     calls = diff(after, before)
     # The driver's own calls: one create per pod; its watch (and a list if it re-listed).
     calls[("POST", "pods", "")] = calls.get(("POST", "pods", ""), 0.0) - count
@@ -268,6 +269,31 @@ async def measure(
         result.cpu_seconds = cpu_seconds(process) - (cpu_before or 0.0)
         result.rss_mib = rss_mib(process)
     return result
+
+
+async def settled_counts(
+    client: httpx.AsyncClient, *, quiet_seconds: float = 3.0, within: float = 600.0
+) -> dict[tuple[str, str, str], float]:
+    """The API server's request counts once no Event was written for ``quiet_seconds``
+    (polled each second, for at most ``within`` seconds: then as they are)."""
+    counts = await request_counts(client)
+    quiet_since = time.monotonic()
+    deadline = quiet_since + within
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < quiet_seconds:
+        await asyncio.sleep(1.0)
+        latest = await request_counts(client)
+        if _event_writes(latest) != _event_writes(counts):
+            quiet_since = time.monotonic()
+        counts = latest
+    return counts
+
+
+def _event_writes(counts: dict[tuple[str, str, str], float]) -> float:
+    return sum(
+        v
+        for (verb, resource, _), v in counts.items()
+        if resource == "events" and verb in ("POST", "PATCH", "PUT", "DELETE")
+    )
 
 
 def summary(result: RunResult) -> str:

@@ -26,6 +26,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from vk_provider.domain.tokenbucket import TokenBucket
+
 COMBINED = "(combined from similar events): "
 
 
@@ -45,12 +47,6 @@ class Verdict:
 
 
 @dataclass(slots=True)
-class _Bucket:
-    tokens: float
-    at: float
-
-
-@dataclass(slots=True)
 class _Seen:
     name: str
     count: int
@@ -64,7 +60,7 @@ class EventCorrelator:
     max_similar: int = 10
     window: float = 600.0
     max_keys: int = 4096
-    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+    _buckets: dict[str, TokenBucket] = field(default_factory=dict)
     _similar: dict[tuple[str, str, str], tuple[float, set[str]]] = field(default_factory=dict)
     _seen: dict[tuple[str, str, str, str], _Seen] = field(default_factory=dict)
 
@@ -101,13 +97,8 @@ class EventCorrelator:
         bucket = self._buckets.get(uid)
         if bucket is None:
             self._trim(self._buckets)
-            bucket = self._buckets[uid] = _Bucket(float(self.burst), now)
-        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.at) * self.qps)
-        bucket.at = now
-        if bucket.tokens < 1.0:
-            return False
-        bucket.tokens -= 1.0
-        return True
+            bucket = self._buckets[uid] = TokenBucket(self.qps, self.burst)
+        return bucket.try_take(now)
 
     def _aggregate(self, uid: str, kind: str, reason: str, message: str, now: float) -> str:
         key = (uid, kind, reason)

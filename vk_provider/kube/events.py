@@ -14,6 +14,11 @@ object's reference (``involved``), never the object: 10,000 queued Events would 
 keep 10,000 pods alive. Without ``run()`` (tools, tests of the recorder itself) ``record``
 writes at once.
 
+Writes (creates and bumps, not what the correlator drops) pass ``limit`` if one is given: a
+token bucket of the agent's ``events.qps`` / ``events.burst`` (a kubelet's ``eventRecordQPS``
+50 / ``eventBurst`` 100), so a burst of pod starts writes its Events after its statuses
+instead of beside them; the queue still bounds what waits.
+
 Invariants: recording never raises (an Event is best effort and must not fail a sync);
 messages are written by our own code and never carry secret values.
 """
@@ -29,6 +34,7 @@ from typing import Any
 
 from vk_provider.domain.eventcorrelator import Action, EventCorrelator
 from vk_provider.domain.podview import rfc3339
+from vk_provider.domain.tokenbucket import TokenBucket
 from vk_provider.kube.client import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
@@ -63,11 +69,13 @@ class EventRecorder:
         node_name: str,
         clock: Callable[[], float] = time.monotonic,
         correlator: EventCorrelator | None = None,
+        limit: TokenBucket | None = None,
     ) -> None:
         self._kube = kube
         self._node = node_name
         self._clock = clock
         self._correlator = correlator or EventCorrelator()
+        self._limit = limit  # shared by every sender: the writes' rate, not each sender's
         self._outbox: asyncio.Queue[tuple[dict[str, Any], str, str, str]] | None = None
         self._dropped = 0
 
@@ -121,6 +129,8 @@ class EventRecorder:
         if verdict.action is Action.DROP:
             log.debug("event %s for %s/%s dropped by the spam filter", reason, namespace, uid)
             return
+        if self._limit is not None and (wait := self._limit.reserve(self._clock())) > 0:
+            await asyncio.sleep(wait)  # past the burst: the Event waits its turn
         now = datetime.now(UTC)
         try:
             if verdict.action is Action.BUMP:

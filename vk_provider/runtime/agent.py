@@ -55,6 +55,7 @@ from vk_provider.domain.budget import BudgetLedger
 from vk_provider.domain.contract import Provider
 from vk_provider.domain.podview import PodKey
 from vk_provider.domain.reconcile import TerminationPolicy
+from vk_provider.domain.tokenbucket import TokenBucket
 from vk_provider.kube.client import KubeClient
 from vk_provider.kube.events import EventRecorder
 from vk_provider.kube.nodeidentity import NodeIdentity
@@ -149,7 +150,13 @@ class Agent:
             priorities={p.name: p.priority for p in config.providers},
         )
         store = PodStore()
-        pod_events = EventRecorder(kube, node_name=config.node.name)
+        # The pods' Events at a kubelet's rate (events.qps / burst). The flip's few Events
+        # (written inline by their controllers, never queued) do not wait behind them.
+        pod_events = EventRecorder(
+            kube,
+            node_name=config.node.name,
+            limit=TokenBucket(config.events.qps, config.events.burst),
+        )
         pods = PodController(
             kube,
             node_name=config.node.name,

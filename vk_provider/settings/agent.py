@@ -325,6 +325,17 @@ class EndpointSlicesConfig(Strict):
     )
 
 
+class EventsConfig(Strict):
+    """How fast the agent writes its Events, as a kubelet's ``eventRecordQPS`` and
+    ``eventBurst`` (their defaults): past the burst, Events wait their turn instead of taking
+    the API server from the pods' status writes when hundreds of pods start at once."""
+
+    qps: float = Field(
+        50, ge=0, le=10_000, description="Event writes per second after the burst; 0: no limit."
+    )
+    burst: int = Field(100, ge=1, le=10_000, description="Event writes at once before the rate.")
+
+
 class AgentConfig(Strict):
     node: NodeConfig = Field(default_factory=NodeConfig, description="The virtual node.")
     identity: IdentityConfig = Field(
@@ -340,6 +351,9 @@ class AgentConfig(Strict):
         default_factory=KubeletApiConfig, description="The kubelet API (logs)."
     )
     workers: int = Field(16, ge=1, le=256, description="Pods synchronised concurrently.")
+    events: EventsConfig = Field(
+        default_factory=EventsConfig, description="The rate of the agent's Event writes."
+    )
     budget: BudgetConfig = Field(default_factory=BudgetConfig, description="Spending caps.")
     rest: RestApiConfig = Field(default_factory=RestApiConfig, description="The REST API.")
     placement: PlacementConfig = Field(
