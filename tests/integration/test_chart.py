@@ -95,11 +95,42 @@ def test_helm_lint_passes_for_both_identities(helm: Path, tmp_path: Path) -> Non
         assert "0 chart(s) failed" in linted.stdout
 
 
+def _local(name: str, **settings: Any) -> dict[str, Any]:
+    """A node's config with one local provider of that name."""
+    return {"providers": [{"type": "local", "name": name, "offers": [], **settings}]}
+
+
+def _two_nodes() -> list[dict[str, Any]]:
+    return [
+        {"name": "gpu-a", "labels": {"pool": "a"}, "config": _local("la")},
+        {"name": "gpu-b", "replicas": 2, "config": _local("lb")},
+    ]
+
+
 def test_bad_values_fail_the_render_naming_the_value(helm: Path, tmp_path: Path) -> None:
     for values, field in (
         ({"identity": "root"}, "identity:"),
         ({"replicas": 2, "leaderElection": {"enabled": False}}, "replicas:"),
         ({"credentials": [{"env": "X", "secretName": "s"}]}, "credentials[0]:"),
+        ({"nodes": {"a": 1}}, "nodes: must be a list"),
+        ({"nodes": [{"labels": {}}]}, "nodes[0].name: every node needs a name"),
+        ({"nodes": [{"name": "Bad_Name"}]}, "nodes[0].name:"),
+        ({"nodes": [{"name": "a"}, {"name": "a"}]}, "nodes[1].name:"),
+        (
+            {"nodes": [{"name": "a", "config": _local("x")}, {"name": "b", "config": _local("x")}]},
+            "nodes[1].config.providers:",
+        ),
+        (
+            {"leaderElection": {"config": {"lease_name": "l"}}, "nodes": _two_nodes()},
+            "leaderElection.config.lease_name:",
+        ),
+        (
+            {
+                "config": {"overflow": {"enabled": True, "handover": {"enabled": True}}},
+                "nodes": _two_nodes(),
+            },
+            "nodes[1].config.overflow.handover.enabled:",
+        ),
     ):
         rendered = _run(
             [str(helm), "template", "r", str(CHART), "-f", str(_values_file(tmp_path, values))]
@@ -252,6 +283,56 @@ def test_the_roles_follow_the_node_name_and_secret_namespaces(helm: Path, tmp_pa
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "r-vk-provider", "namespace": "vk"}
         ]
+
+
+def test_several_nodes_render_an_agent_each_sharing_the_account_and_roles(
+    helm: Path, tmp_path: Path
+) -> None:
+    """`nodes`: a ConfigMap, Deployment and Service per node, selecting only its own agent's
+    pods, its config the base merged with its own; one ServiceAccount whose roles name every
+    node and every node's Lease."""
+    values = {"config": {"workers": 8}, "nodes": _two_nodes()}
+    rendered = _run(
+        [str(helm), "template", "r", str(CHART), "-f", str(_values_file(tmp_path, values))]
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"] == [
+        "r-vk-provider"
+    ]
+    selectors = set()
+    for node, provider, replicas in (("gpu-a", "la", 1), ("gpu-b", "lb", 2)):
+        name = f"r-vk-provider-{node}"
+        config = yaml.safe_load(by[("ConfigMap", name)]["data"]["config.yaml"])
+        assert config["node"]["name"] == node
+        assert [p["name"] for p in config["providers"]] == [provider]
+        assert config["workers"] == 8  # the base config under the node's own
+        deployment = by[("Deployment", name)]
+        assert deployment["spec"]["replicas"] == replicas
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selector["vk-provider.io/node-agent"] == name
+        template = deployment["spec"]["template"]
+        assert selector.items() <= template["metadata"]["labels"].items()
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        assert volumes["config"]["configMap"]["name"] == name
+        assert by[("Service", name)]["spec"]["selector"] == selector
+        selectors.add(tuple(sorted(selector.items())))
+    assert len(selectors) == 2  # no Deployment adopts the other's pods
+    assert yaml.safe_load(by[("ConfigMap", "r-vk-provider-gpu-a")]["data"]["config.yaml"])["node"][
+        "labels"
+    ] == {"pool": "a"}
+    named = [
+        r["resourceNames"]
+        for r in by[("ClusterRole", "r-vk-provider")]["rules"]
+        if "resourceNames" in r
+    ]
+    assert named == [["gpu-a", "gpu-b"], ["gpu-a", "gpu-b"]]
+    election = by[("Role", "r-vk-provider-leader-election")]["rules"]
+    assert [r.get("resourceNames") for r in election] == [
+        None,
+        ["vk-provider-leader-gpu-a", "vk-provider-leader-gpu-b"],
+    ]
 
 
 def test_template_passes_a_server_side_dry_run(
@@ -628,3 +709,138 @@ async def test_install_then_the_agent_runs_with_what_the_chart_created(
         assert uninstalled.returncode == 0, uninstalled.stderr
     roles = _kubectl(control_plane.kubeconfig, "get", "clusterrole", "-o", "name")
     assert release not in roles.stdout  # cluster-scoped objects go with the release
+
+
+async def test_two_nodes_install_runs_an_agent_per_node_each_leading_its_own_lease(
+    helm: Path,
+    control_plane: LocalCluster,
+    kube: ApiClient,
+    api: KubeClient,
+    agents: AgentHarness,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Sharding: `nodes` [a, b] installs two agents' objects; each agent, run with its own
+    ConfigMap, Deployment env and the shared ServiceAccount, registers its node with its
+    labels, leads the Lease of its node, and runs the pods the scheduler puts on its node,
+    with its own providers; neither is refused a call by the shared roles."""
+    core = client.CoreV1Api(kube)
+    coordination = client.CoordinationV1Api(kube)
+    apps = client.AppsV1Api(kube)
+    run = uuid.uuid4().hex[:6]
+    release = f"r{run}"
+    pool = "vk-provider.io/test-pool"
+    nodes: dict[str, dict[str, Any]] = {}
+    for shard in ("a", "b"):
+        nodes[shard] = {
+            "name": f"vk-{run}-{shard}",
+            "labels": {pool: f"{run}-{shard}"},
+            "config": _local(
+                f"local-{shard}",
+                enabled=True,
+                state_dir=str(tmp_path / "instances" / shard),
+                offers=DEFAULT_OFFERS,
+            ),
+        }
+    values = {
+        "nodes": list(nodes.values()),
+        "config": {
+            "node": {"address": "127.0.0.1"},
+            "kubelet_api": {"listen": "127.0.0.1:0", "serving": {"source": "self-signed"}},
+            "rest": {"listen": "127.0.0.1:0"},
+            "intervals": {"lease_seconds": 2, "node_status_seconds": 5, "pod_status_seconds": 0.5},
+        },
+    }
+    installed = _helm(
+        helm,
+        control_plane.kubeconfig,
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "-f",
+        str(_values_file(tmp_path, values)),
+    )
+    assert installed.returncode == 0, installed.stderr
+    running: dict[str, AgentProcess] = {}
+    try:
+        for shard, node in nodes.items():
+            obj = f"{release}-vk-provider-{node['name']}"
+            deployment = kube.sanitize_for_serialization(
+                await apps.read_namespaced_deployment(obj, namespace)
+            )
+            config_map = await core.read_namespaced_config_map(obj, namespace)
+            config_path = tmp_path / f"config-{shard}.yaml"
+            config_path.write_text(config_map.data["config.yaml"])
+            kubeconfig = await _service_account_kubeconfig(
+                core,
+                control_plane,
+                namespace,
+                deployment["spec"]["template"]["spec"]["serviceAccountName"],
+                tmp_path / f"sa-{shard}.kubeconfig",
+            )
+            agent = AgentProcess(
+                node=node["name"],
+                config_path=config_path,
+                state_dir=tmp_path / f"state-{shard}",
+                log_path=tmp_path / f"agent-{shard}.log",
+                kubeconfig=kubeconfig,
+                provider_dirs={f"local-{shard}": tmp_path / "instances" / shard},
+                env=await _deployment_env(core, namespace, deployment),
+            )
+            agents.agents.append(agent)  # stopped, its instances ended and its node deleted
+            running[shard] = agent
+            agent.start()
+
+        for shard, node in nodes.items():
+            agent = running[shard]
+            holder = f"{release}-vk-provider-{node['name']}-0"  # its pod's name (POD_NAME)
+
+            async def ready(name: str = node["name"]) -> dict[str, Any] | None:
+                body = await api.get_node(name)
+                conditions = (body or {}).get("status", {}).get("conditions") or []
+                ok = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+                return body if ok else None
+
+            body = await wait_for(
+                ready, timeout=90, what=f"node {shard} Ready; log:\n{agent.log_text()[-2000:]}"
+            )
+            assert body["metadata"]["labels"][pool] == f"{run}-{shard}"
+            lease = await coordination.read_namespaced_lease(
+                f"vk-provider-leader-{node['name']}", namespace
+            )
+            assert lease.spec.holder_identity == holder
+
+        # The scheduler places a pod by b's label: b's agent runs it, with b's provider.
+        pod = pod_on(
+            nodes["b"]["name"],
+            "on-b",
+            command=[sys.executable, "-c", "print('on b', flush=True)"],
+            restart_policy="Never",
+            spec={"nodeSelector": {pool: f"{run}-b"}},
+        )
+        await core.create_namespaced_pod(namespace, pod)
+
+        async def succeeded() -> dict[str, Any] | None:
+            body = await api.get_pod(namespace, "on-b")
+            return body if (body or {}).get("status", {}).get("phase") == "Succeeded" else None
+
+        done = await wait_for(
+            succeeded, timeout=90, what=f"the pod on b; log:\n{running['b'].log_text()[-2000:]}"
+        )
+        assert done["spec"]["nodeName"] == nodes["b"]["name"]
+        assert done["metadata"]["annotations"]["vk-provider.io/provider"] == "local-b"
+        await core.delete_namespaced_pod("on-b", namespace)
+
+        async def gone() -> bool:
+            return await api.get_pod(namespace, "on-b") is None
+
+        await wait_for(gone, timeout=30, what="the pod on b to be deleted")
+        for shard, agent in running.items():
+            assert "Forbidden" not in agent.log_text(), (shard, agent.log_text()[-3000:])
+    finally:
+        for agent in running.values():
+            agent.stop()  # before their RBAC goes with the release
+        uninstalled = _helm(helm, control_plane.kubeconfig, "uninstall", release, "-n", namespace)
+        assert uninstalled.returncode == 0, uninstalled.stderr
